@@ -1,0 +1,15 @@
+# The two commands of the project (see README.md).
+PY := .venv/bin/python
+
+.PHONY: setup demo test test-fast
+setup:
+	bash scripts/setup.sh
+
+demo: setup
+	bash scripts/demo.sh
+
+test: setup
+	$(PY) -m pytest -q -ra
+
+test-fast: setup
+	$(PY) -m pytest -q -ra -m "not slow"

@@ -1,0 +1,196 @@
+"""The feature store: sharded safetensors plus `manifest.json` (format in DESIGN.md).
+
+Writer side (`write_shard`, `write_manifest`) is used by data_prep; reader side
+(`FeatureStore`) by train. One shard holds many records as flat tensors:
+
+    input_ids          [T]        int32
+    loss_mask          [T]        uint8   (1 = assistant token the head learns)
+    hidden_states      [T, H]     bf16    (target feature, post-norm last layer)
+    aux_hidden_states  [T, K*H]   bf16    (only when extra layers are captured, EAGLE-3)
+    offsets            [N+1]      int64   (record i is rows offsets[i]:offsets[i+1])
+
+Shards are written to a temporary name and renamed when whole, so a file named
+`shard-NNNNN.safetensors` is always complete.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+def shard_name(index: int) -> str:
+    return f"shard-{index:05d}.safetensors"
+
+
+@dataclass
+class Record:
+    """One tokenized conversation and its target features."""
+
+    input_ids: torch.Tensor  # [S] int
+    loss_mask: torch.Tensor  # [S] bool/uint8
+    hidden_states: torch.Tensor  # [S, H]
+    aux_hidden_states: torch.Tensor | None = None  # [S, K*H]
+
+
+def write_shard(path: Path, records: list[Record], dtype: torch.dtype = torch.bfloat16) -> dict:
+    """Write records as one shard, atomically; return its manifest entry."""
+    lengths = torch.tensor([len(r.input_ids) for r in records], dtype=torch.int64)
+    offsets = torch.zeros(len(records) + 1, dtype=torch.int64)
+    offsets[1:] = torch.cumsum(lengths, 0)
+    tensors = {
+        "input_ids": torch.cat([r.input_ids for r in records]).to(torch.int32),
+        "loss_mask": torch.cat([r.loss_mask for r in records]).to(torch.uint8),
+        "hidden_states": torch.cat([r.hidden_states for r in records]).to(dtype).contiguous(),
+        "offsets": offsets,
+    }
+    if records[0].aux_hidden_states is not None:
+        tensors["aux_hidden_states"] = torch.cat([r.aux_hidden_states for r in records]).to(dtype).contiguous()
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, path)
+    return shard_entry(path)
+
+
+def shard_entry(path: Path) -> dict:
+    """Manifest entry of a finished shard, read back from the file itself."""
+    with safe_open(str(path), framework="pt") as f:
+        offsets = f.get_tensor("offsets")
+        n_loss = int(f.get_tensor("loss_mask").sum())
+    return {
+        "file": path.name,
+        "records": len(offsets) - 1,
+        "tokens": int(offsets[-1]),
+        "loss_tokens": n_loss,
+        "sha256": sha256_file(path),
+    }
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def read_manifest(directory: str | Path) -> dict | None:
+    path = Path(directory) / MANIFEST
+    if not path.exists():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: manifest is not valid JSON ({e})") from None
+
+
+def is_complete(directory: str | Path) -> bool:
+    manifest = read_manifest(directory)
+    return bool(manifest and manifest.get("complete"))
+
+
+class FeatureStore:
+    """Read-only, memory-mapped view of a complete store: `store[i]` is one record.
+
+    Nothing is loaded eagerly but the per-shard offsets; tensors are sliced from the
+    memory-mapped safetensors files on access.
+    """
+
+    def __init__(self, directory: str | Path, require_complete: bool = True):
+        self.dir = Path(directory)
+        manifest = read_manifest(self.dir)
+        if manifest is None:
+            raise FileNotFoundError(f"{self.dir}: no {MANIFEST}; run data_prep first")
+        if require_complete and not manifest.get("complete"):
+            raise ValueError(f"{self.dir / MANIFEST}: store is incomplete; rerun data_prep to finish it")
+        if manifest.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{self.dir / MANIFEST}: format_version {manifest.get('format_version')} != {FORMAT_VERSION}")
+        self.manifest = manifest
+        self._files = [self.dir / s["file"] for s in manifest["shards"]]
+        self._handles: dict[int, object] = {}
+        self._index: list[tuple[int, int, int]] = []  # (shard, start, end) per record
+        for k, path in enumerate(self._files):
+            with safe_open(str(path), framework="pt") as f:
+                offsets = f.get_tensor("offsets").tolist()
+            self._index += [(k, offsets[i], offsets[i + 1]) for i in range(len(offsets) - 1)]
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    @property
+    def hidden_size(self) -> int:
+        return int(self.manifest["target"]["hidden_size"])
+
+    def length(self, i: int) -> int:
+        _, start, end = self._index[i]
+        return end - start
+
+    def lengths(self) -> list[int]:
+        return [end - start for _, start, end in self._index]
+
+    def _handle(self, shard: int):
+        if shard not in self._handles:
+            self._handles[shard] = safe_open(str(self._files[shard]), framework="pt")
+        return self._handles[shard]
+
+    def __getitem__(self, i: int) -> Record:
+        shard, start, end = self._index[i]
+        f = self._handle(shard)
+        aux = f.get_slice("aux_hidden_states")[start:end] if "aux_hidden_states" in f.keys() else None
+        return Record(
+            input_ids=f.get_slice("input_ids")[start:end].long(),
+            loss_mask=f.get_slice("loss_mask")[start:end].bool(),
+            hidden_states=f.get_slice("hidden_states")[start:end],
+            aux_hidden_states=aux,
+        )
+
+    def __getstate__(self):  # handles are per process (DataLoader workers)
+        state = dict(self.__dict__)
+        state["_handles"] = {}
+        return state
+
+
+def new_manifest(
+    target: dict,
+    source: dict,
+    shards: list[dict],
+    complete: bool,
+    chat_template_sha256: str,
+) -> dict:
+    """The manifest, in one place.
+
+    target: {"name", "path", "hidden_size", "vocab_size", "num_layers", "dtype", "feature_layers"}
+    source: {"data", "read", "kept", "skipped": {reason: count}, ...}
+    shards: entries from `write_shard` / `shard_entry`, in shard order.
+    """
+    return {
+        "format_version": FORMAT_VERSION,
+        "target": target,
+        "chat_template_sha256": chat_template_sha256,
+        "source": source,
+        "shards": shards,
+        "records": sum(s["records"] for s in shards),
+        "tokens": sum(s["tokens"] for s in shards),
+        "loss_tokens": sum(s.get("loss_tokens", 0) for s in shards),
+        "complete": complete,
+    }
+
+
+def write_manifest(directory: str | Path, manifest: dict) -> None:
+    write_json_atomic(Path(directory) / MANIFEST, manifest)

@@ -1,0 +1,225 @@
+"""The EAGLE-1/2 draft head: `fc` over (token embedding, feature) plus one decoder layer.
+
+The head predicts the target's next *feature* (last hidden state after the final norm, the
+input of `lm_head`). Position t takes (f_t, x_{t+1}) and predicts f_{t+1}; the token
+distribution of the draft is `lm_head(f̂_{t+1})` through the target's frozen `lm_head`.
+
+The embedding and `lm_head` belong to the target: they are passed in, never stored here,
+so `state_dict()` holds exactly the EAGLE key names (`fc.*`, `layers.0.*`).
+
+The attention is written out (about 30 lines) rather than borrowed from a HF decoder layer
+so that the KV cache is explicit: the decoder appends tree nodes and later crops back to the
+committed prefix, which is a slice of two tensors.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import LlamaConfig
+from transformers.models.llama.modeling_llama import (
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
+
+FORMAT_VERSION = 1
+
+
+@dataclass
+class DraftConfig:
+    """Sizes of the head; written as `config.json` next to the weights."""
+
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int
+    head_dim: int | None = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 4096
+    attention_bias: bool = False
+    hidden_act: str = "silu"
+    fc_bias: bool = True
+    target: str = ""
+    feature_layers: list[int] = field(default_factory=lambda: [-1])
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def from_target_config(cls, cfg, target: str = "", feature_layers=(-1,)) -> "DraftConfig":
+        """Size a head for a HF target config (Llama, Qwen2, Mistral... share these names)."""
+        text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        rope = _rope_params(text)
+        return cls(
+            hidden_size=text.hidden_size,
+            intermediate_size=text.intermediate_size,
+            num_attention_heads=text.num_attention_heads,
+            num_key_value_heads=getattr(text, "num_key_value_heads", None) or text.num_attention_heads,
+            vocab_size=text.vocab_size,
+            head_dim=getattr(text, "head_dim", None),
+            rms_norm_eps=getattr(text, "rms_norm_eps", 1e-6),
+            rope_theta=rope.get("rope_theta", 10000.0),
+            rope_scaling={k: v for k, v in rope.items() if k != "rope_theta"} or None,
+            max_position_embeddings=getattr(text, "max_position_embeddings", 4096),
+            attention_bias=False,
+            hidden_act=getattr(text, "hidden_act", "silu"),
+            target=target,
+            feature_layers=list(feature_layers),
+        )
+
+    @classmethod
+    def from_json(cls, path: str | Path) -> "DraftConfig":
+        """Read our `config.json`, or the LlamaConfig-style one of EAGLE's published heads."""
+        raw = json.loads(Path(path).read_text())
+        known = set(cls.__dataclass_fields__)
+        kwargs = {k: v for k, v in raw.items() if k in known}
+        if "rope_parameters" in raw and "rope_theta" not in raw:  # transformers 5.x style
+            rope = dict(raw["rope_parameters"] or {})
+            kwargs["rope_theta"] = rope.pop("rope_theta", 10000.0)
+            if rope.get("rope_type", "default") != "default":
+                kwargs["rope_scaling"] = rope
+        missing = {"hidden_size", "intermediate_size", "num_attention_heads", "vocab_size"} - set(kwargs)
+        if missing:
+            raise ValueError(f"{path}: draft config lacks field(s) {sorted(missing)}")
+        kwargs.setdefault("num_key_value_heads", kwargs["num_attention_heads"])
+        if "bias" in raw and "fc_bias" not in raw:  # EAGLE's key for the fc bias
+            kwargs["fc_bias"] = bool(raw["bias"])
+        return cls(**kwargs)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
+
+    def llama_config(self) -> LlamaConfig:
+        """The LlamaConfig that sizes the reused HF pieces (MLP, norm, rotary embedding)."""
+        rope = {"rope_type": "default", **(self.rope_scaling or {}), "rope_theta": self.rope_theta}
+        if "type" in rope and rope.get("rope_type", "default") == "default":
+            rope["rope_type"] = rope.pop("type")  # EAGLE-era configs say "type"
+        return LlamaConfig(
+            hidden_size=self.hidden_size,
+            intermediate_size=self.intermediate_size,
+            num_attention_heads=self.num_attention_heads,
+            num_key_value_heads=self.num_key_value_heads,
+            head_dim=self.head_dim,
+            vocab_size=self.vocab_size,
+            rms_norm_eps=self.rms_norm_eps,
+            max_position_embeddings=self.max_position_embeddings,
+            hidden_act=self.hidden_act,
+            mlp_bias=False,
+            attention_bias=self.attention_bias,
+            rope_parameters=rope,
+        )
+
+
+def _rope_params(cfg) -> dict:
+    """Rope settings of a HF config as one flat dict, across transformers 4.x/5.x names."""
+    params = dict(getattr(cfg, "rope_parameters", None) or {})
+    if not params:
+        params = dict(getattr(cfg, "rope_scaling", None) or {})
+        params["rope_theta"] = getattr(cfg, "rope_theta", 10000.0)
+    if params.get("rope_type", "default") == "default":
+        params = {"rope_theta": params.get("rope_theta", 10000.0)}
+    return params
+
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # ([B, kvH, S, D], [B, kvH, S, D])
+
+
+class DraftAttention(nn.Module):
+    """Multi-head attention with grouped KV heads and an explicit, returned KV cache."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # [B, S, H]
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        mask: torch.Tensor | None,  # [B or 1, 1, S, P+S] additive, or None for causal
+        past: KVCache | None,
+    ) -> tuple[torch.Tensor, KVCache]:
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)  # [B, nH, S, D]
+        k = self.k_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)  # [B, kvH, S, D]
+        v = self.v_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary_pos_emb(q, k, *cos_sin)
+        if past is not None:
+            k = torch.cat([past[0], k], dim=2)  # [B, kvH, P+S, D]
+            v = torch.cat([past[1], v], dim=2)
+        causal = mask is None and past is None
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=None if causal else mask, is_causal=causal,
+            enable_gqa=self.n_kv != self.n_heads,
+        )  # [B, nH, S, D]
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1)), (k, v)
+
+
+class DraftLayer(nn.Module):
+    """A Llama decoder layer without the input norm (its input is already a normed feature)."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        llama = cfg.llama_config()
+        self.self_attn = DraftAttention(cfg)
+        self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(llama)
+
+    def forward(self, x, cos_sin, mask, past):
+        attn, kv = self.self_attn(x, cos_sin, mask, past)
+        x = x + attn
+        return x + self.mlp(self.post_attention_layernorm(x)), kv
+
+
+class DraftHead(nn.Module):
+    """EAGLE-1/2 head. Construction builds layers only; loading lives in `eagle.checkpoint`."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        self.config = cfg
+        self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
+        self.layers = nn.ModuleList([DraftLayer(cfg)])
+        # Kept outside the module tree so `.to(bfloat16)` never rounds the rope frequencies.
+        self._rope = LlamaRotaryEmbedding(cfg.llama_config())
+
+    def forward(
+        self,
+        features: torch.Tensor,  # [B, S, H] target features f_t
+        token_embeds: torch.Tensor,  # [B, S, H] embeddings of x_{t+1}
+        position_ids: torch.Tensor,  # [B, S]
+        mask: torch.Tensor | None = None,  # [B or 1, 1, S, P+S] additive; None = causal
+        past: KVCache | None = None,
+    ) -> tuple[torch.Tensor, KVCache]:
+        """Return predicted features f̂_{t+1} [B, S, H] and the KV cache extended by S rows."""
+        dtype = self.fc.weight.dtype
+        x = self.fc(torch.cat([token_embeds.to(dtype), features.to(dtype)], dim=-1))
+        if self._rope.inv_freq.device != x.device:
+            self._rope.to(x.device)
+        cos_sin = self._rope(x, position_ids)
+        if mask is not None:
+            mask = mask.to(x.dtype)
+        for layer in self.layers:
+            x, past = layer(x, cos_sin, mask, past)
+        return x, past
+
+    def __setattr__(self, name, value):
+        if name == "_rope":  # plain attribute, not a submodule (see __init__)
+            object.__setattr__(self, name, value)
+        else:
+            super().__setattr__(name, value)
