@@ -43,21 +43,36 @@ class Record:
     aux_hidden_states: torch.Tensor | None = None  # [S, K*H]
 
 
-def write_shard(path: Path, records: list[Record], dtype: torch.dtype = torch.bfloat16) -> dict:
-    """Write records as one shard, atomically; return its manifest entry."""
+def write_shard(
+    path: Path,
+    records: list[Record],
+    hidden_size: int,
+    dtype: torch.dtype = torch.bfloat16,
+    skipped: dict[str, int] | None = None,
+) -> dict:
+    """Write records as one shard, atomically; return its manifest entry.
+
+    `skipped` (reason -> count) travels in the file's metadata, so the manifest can be
+    rebuilt from finished shards alone after an interruption. A shard whose conversations
+    were all skipped is written empty (it still marks its slice of the input as done).
+    """
     lengths = torch.tensor([len(r.input_ids) for r in records], dtype=torch.int64)
     offsets = torch.zeros(len(records) + 1, dtype=torch.int64)
     offsets[1:] = torch.cumsum(lengths, 0)
+
+    def cat(parts: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
+        return torch.cat(parts).contiguous() if parts else empty
+
     tensors = {
-        "input_ids": torch.cat([r.input_ids for r in records]).to(torch.int32),
-        "loss_mask": torch.cat([r.loss_mask for r in records]).to(torch.uint8),
-        "hidden_states": torch.cat([r.hidden_states for r in records]).to(dtype).contiguous(),
+        "input_ids": cat([r.input_ids for r in records], torch.zeros(0)).to(torch.int32),
+        "loss_mask": cat([r.loss_mask for r in records], torch.zeros(0)).to(torch.uint8),
+        "hidden_states": cat([r.hidden_states for r in records], torch.zeros(0, hidden_size)).to(dtype),
         "offsets": offsets,
     }
-    if records[0].aux_hidden_states is not None:
-        tensors["aux_hidden_states"] = torch.cat([r.aux_hidden_states for r in records]).to(dtype).contiguous()
+    if records and records[0].aux_hidden_states is not None:
+        tensors["aux_hidden_states"] = cat([r.aux_hidden_states for r in records], torch.zeros(0)).to(dtype)
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    save_file(tensors, str(tmp))
+    save_file(tensors, str(tmp), metadata={"skipped": json.dumps(skipped or {}, sort_keys=True)})
     os.replace(tmp, path)
     return shard_entry(path)
 
@@ -67,8 +82,10 @@ def shard_entry(path: Path) -> dict:
     with safe_open(str(path), framework="pt") as f:
         offsets = f.get_tensor("offsets")
         n_loss = int(f.get_tensor("loss_mask").sum())
+        skipped = json.loads((f.metadata() or {}).get("skipped", "{}"))
     return {
         "file": path.name,
+        "skipped": skipped,
         "records": len(offsets) - 1,
         "tokens": int(offsets[-1]),
         "loss_tokens": n_loss,

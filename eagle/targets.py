@@ -111,6 +111,38 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
+TEMPLATE_DIR = Path(__file__).parent / "chat_templates"
+
+
+def load_tokenizer(target_dir: str | os.PathLike, chat_template: str | None = None):
+    """The target's tokenizer, with `chat_template` (a name in eagle/chat_templates,
+    a .jinja path, or a template string) replacing its own when given."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
+    if chat_template:
+        tokenizer.chat_template = chat_template_text(chat_template)
+    if not tokenizer.chat_template:
+        names = ", ".join(sorted(p.stem for p in TEMPLATE_DIR.glob("*.jinja")))
+        raise ValueError(f"{target_dir}: the tokenizer has no chat template; set model.chat_template ({names}, or a .jinja path)")
+    return tokenizer
+
+
+def chat_template_text(name_or_path: str) -> str:
+    """Resolve a template name (`vicuna`), a file path, or return a literal template."""
+    shipped = TEMPLATE_DIR / f"{name_or_path}.jinja"
+    if shipped.exists():
+        return shipped.read_text()
+    path = Path(name_or_path).expanduser()
+    if path.suffix == ".jinja" or path.exists():
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such chat template file")
+        return path.read_text()
+    if "{%" in name_or_path or "{{" in name_or_path:
+        return name_or_path
+    raise ValueError(f"unknown chat template {name_or_path!r}: not one of {sorted(p.stem for p in TEMPLATE_DIR.glob('*.jinja'))}, a file, or a template")
+
+
 def main(argv: list[str]) -> int:
     if len(argv) != 1:
         print(f"usage: python -m eagle.targets NAME_OR_PATH   (alias: {', '.join(_PACKAGED)})", file=sys.stderr)

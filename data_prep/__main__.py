@@ -1,0 +1,26 @@
+"""`python -m data_prep +model=NAME data=NAME data.limit=N output_dir=DIR` (Hydra)."""
+
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from data_prep.conversations import DataError
+from data_prep.pipeline import prepare
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="data_prep")
+def main(cfg: DictConfig) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    if "model" not in cfg:
+        sys.exit("error: choose a target with +model=NAME (see conf/model/, e.g. +model=smollm2_135m)")
+    try:
+        path = prepare(cfg)
+    except (DataError, FileNotFoundError, ValueError) as e:
+        sys.exit(f"error: {e}")
+    print(path)
+
+
+if __name__ == "__main__":
+    main()

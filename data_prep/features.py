@@ -1,0 +1,86 @@
+"""Run the frozen target over tokenized records in length-bucketed batches.
+
+Feature layers index `hidden_states` as HF returns it: 0 is the embedding output, i the
+output of decoder layer i, and -1 the last one *after* the final norm (the input of
+`lm_head`, the EAGLE-1/2 feature). With only [-1] requested, the decoder is called
+directly (no hidden states of other layers, no `lm_head` over the vocabulary).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+
+from data_prep.store import Record
+
+
+def bucket_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
+    """Group indices by length so a padded batch stays within `batch_tokens` tokens.
+
+    Sorted longest first; a batch grows while (rows + 1) × its longest row still fits.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    batches: list[list[int]] = []
+    for i in order:
+        if batches and (len(batches[-1]) + 1) * lengths[batches[-1][0]] <= batch_tokens:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def pad_batch(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad token lists: ids [B, S] and attention mask [B, S]."""
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    attn = torch.zeros((len(seqs), width), dtype=torch.long)
+    for row, s in enumerate(seqs):
+        ids[row, : len(s)] = torch.tensor(s)
+        attn[row, : len(s)] = 1
+    return ids, attn
+
+
+@torch.inference_mode()
+def target_features(model, ids: torch.Tensor, attn: torch.Tensor, feature_layers: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Last-layer features [B, S, H] and, for extra layers, [B, S, K*H] (else None)."""
+    extra = [i for i in feature_layers if i != -1]
+    decoder = model.get_decoder()
+    out = decoder(input_ids=ids, attention_mask=attn, use_cache=False, output_hidden_states=bool(extra))
+    last = out.last_hidden_state  # [B, S, H], post final norm
+    if not extra:
+        return last, None
+    return last, torch.cat([out.hidden_states[i] for i in extra], dim=-1)
+
+
+def compute_records(
+    model,
+    tokenized: list[tuple[list[int], list[int]]],
+    feature_layers: list[int],
+    batch_tokens: int,
+    pad_id: int,
+    on_batch=None,
+) -> list[Record]:
+    """Records in input order, computed in length-bucketed batches."""
+    device = next(model.parameters()).device
+    out: list[Record | None] = [None] * len(tokenized)
+    for batch in bucket_batches([len(t[0]) for t in tokenized], batch_tokens):
+        ids, attn = pad_batch([tokenized[i][0] for i in batch], pad_id)
+        last, aux = target_features(model, ids.to(device), attn.to(device), feature_layers)
+        for row, i in enumerate(batch):
+            n = len(tokenized[i][0])
+            out[i] = Record(
+                input_ids=ids[row, :n].clone(),
+                loss_mask=torch.tensor(tokenized[i][1], dtype=torch.uint8),
+                hidden_states=last[row, :n].cpu().clone(),
+                aux_hidden_states=None if aux is None else aux[row, :n].cpu().clone(),
+            )
+        if on_batch is not None:
+            on_batch(sum(len(tokenized[i][0]) for i in batch), len(batch))
+    return out  # type: ignore[return-value]
+
+
+def iter_batches(tokenized: list[list[int]], batch_tokens: int, pad_id: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """The padded batches `compute_records` runs, for timing a bare forward over them."""
+    for batch in bucket_batches([len(t) for t in tokenized], batch_tokens):
+        yield pad_batch([tokenized[i] for i in batch], pad_id)

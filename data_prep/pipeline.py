@@ -1,0 +1,202 @@
+"""data_prep as a function: conversations → (regenerated replies) → tokens + mask → features → store.
+
+`prepare(cfg)` is what `python -m data_prep` runs and what `python -m train` calls when its
+store is missing. It resumes: the input is cut into fixed slices of `data.shard_records`
+conversations, slice k becomes `shard-k`, and a shard that already exists is kept. With
+several processes (torchrun), rank r computes shards k ≡ r (mod world) and rank 0 writes
+the manifest once all are done.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from data_prep.conversations import Conversation, read_conversations
+from data_prep.features import compute_records
+from data_prep.store import (
+    new_manifest,
+    read_manifest,
+    shard_entry,
+    shard_name,
+    write_manifest,
+    write_shard,
+)
+from data_prep.template import TemplateError, template_hash, tokenize_conversation
+from eagle.targets import load_tokenizer, resolve_target
+
+log = logging.getLogger("data_prep")
+
+
+@dataclass
+class Job:
+    """What one prepare() run works with, resolved from the config."""
+
+    out: Path
+    target_dir: Path
+    tokenizer: object
+    conversations: list[Conversation]
+    source: dict
+    target: dict  # the manifest's "target" entry
+    rank: int
+    world: int
+
+
+def prepare(cfg) -> Path:
+    """Build (or finish) the feature store at `cfg.output_dir`; return its path."""
+    out = Path(cfg.output_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    manifest = read_manifest(out)
+    key = config_key(cfg)
+    if manifest is not None and manifest.get("config_key") != key:
+        raise ValueError(
+            f"{out / 'manifest.json'}: this directory holds a store built with other settings "
+            f"(target/data/max_len/template); choose another output_dir or delete it"
+        )
+    if manifest is not None and manifest.get("complete"):
+        log.info("store %s is complete (%d records); nothing to do", out, manifest["records"])
+        return out
+    rank, world = _distributed()
+    job = _job(cfg, out, rank, world)
+    n_shards = -(-len(job.conversations) // cfg.data.shard_records)
+    if rank == 0:
+        write_manifest(out, _manifest(cfg, job, key, n_shards, complete=False))
+    model = _load_target(job.target_dir, cfg.model.dtype)
+    stats = _run_shards(cfg, job, model, n_shards)
+    _barrier(world)
+    if rank == 0:
+        manifest = _manifest(cfg, job, key, n_shards, complete=True)
+        manifest["throughput"] = stats
+        write_manifest(out, manifest)
+        log.info("store %s complete: %d records, %d tokens", out, manifest["records"], manifest["tokens"])
+    _barrier(world)
+    return out
+
+
+def config_key(cfg) -> str:
+    """Hash of every setting that changes the store's bytes."""
+    parts = {
+        "target": str(cfg.model.path), "dtype": str(cfg.model.dtype), "max_len": int(cfg.model.max_len),
+        "chat_template": str(cfg.model.chat_template), "layers": list(cfg.model.feature_layers),
+        "source": str(cfg.data.source), "limit": cfg.data.limit, "split": str(cfg.data.get("split", "train")),
+        "shard_records": int(cfg.data.shard_records), "regenerate": bool(cfg.data.regenerate),
+        "regen": dict(cfg.data.regen) if cfg.data.regenerate else None,
+    }
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _job(cfg, out: Path, rank: int, world: int) -> Job:
+    target_dir = resolve_target(cfg.model.path)
+    tokenizer = load_tokenizer(target_dir, cfg.model.chat_template)
+    conversations, report = read_conversations(str(cfg.data.source), cfg.data.limit, cfg.data.get("split", "train"))
+    source = report.as_dict()
+    if report.truncated_bytes:
+        log.warning("%s is truncated: recovered %d whole records, dropped the last %d bytes (one partial record)",
+                    report.source, report.read, report.truncated_bytes)
+    if cfg.data.regenerate:
+        from data_prep.regenerate import regenerate
+
+        conversations = regenerate(cfg, target_dir, tokenizer, conversations, out / "regenerated", rank, world)
+        source["regenerated"] = True
+    return Job(out, target_dir, tokenizer, conversations, source, _target_info(cfg, target_dir), rank, world)
+
+
+def _target_info(cfg, target_dir: Path) -> dict:
+    from transformers import AutoConfig
+
+    text = AutoConfig.from_pretrained(str(target_dir)).get_text_config()
+    return {
+        "name": cfg.model.name, "path": str(cfg.model.path), "resolved_path": str(target_dir),
+        "hidden_size": text.hidden_size, "vocab_size": text.vocab_size, "num_layers": text.num_hidden_layers,
+        "dtype": str(cfg.model.dtype), "feature_layers": list(cfg.model.feature_layers), "max_len": int(cfg.model.max_len),
+    }
+
+
+def _load_target(target_dir: Path, dtype: str):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, dtype))
+    return model.eval().requires_grad_(False)
+
+
+def _run_shards(cfg, job: Job, model, n_shards: int) -> dict:
+    mine = [k for k in range(n_shards) if k % job.world == job.rank]
+    todo = [k for k in mine if not (job.out / shard_name(k)).exists()]
+    if len(todo) < len(mine):
+        log.info("resuming: %d of %d shards already written, kept as they are", len(mine) - len(todo), len(mine))
+    hidden = model.config.get_text_config().hidden_size
+    pad_id = job.tokenizer.pad_token_id if job.tokenizer.pad_token_id is not None else 0
+    R = cfg.data.shard_records
+    bar = tqdm(total=sum(len(job.conversations[k * R:(k + 1) * R]) for k in todo), unit="conv",
+               desc=f"features{f' rank {job.rank}' if job.world > 1 else ''}", dynamic_ncols=True)
+    tokens, start = 0, time.perf_counter()
+    for k in todo:
+        chunk = job.conversations[k * R:(k + 1) * R]
+        tokenized, skipped = _tokenize(job.tokenizer, chunk, cfg.model.max_len)
+
+        def progress(n_tokens: int, n_rows: int) -> None:
+            nonlocal tokens
+            tokens += n_tokens
+            bar.update(n_rows)
+            bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - start):.0f}")
+
+        records = compute_records(model, tokenized, list(cfg.model.feature_layers), cfg.data.batch_tokens, pad_id, progress)
+        write_shard(job.out / shard_name(k), records, hidden, getattr(torch, cfg.model.dtype), dict(skipped))
+        bar.update(len(chunk) - len(tokenized))  # the skipped ones
+        if job.world == 1:
+            write_manifest(job.out, _manifest(cfg, job, config_key(cfg), n_shards, complete=False))
+    bar.close()
+    seconds = time.perf_counter() - start
+    return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1) if seconds else None}
+
+
+def _tokenize(tokenizer, chunk: list[Conversation], max_len: int) -> tuple[list[tuple[list[int], list[int]]], Counter]:
+    out, skipped = [], Counter()
+    for conv in chunk:
+        try:
+            t = tokenize_conversation(tokenizer, conv.messages, max_len)
+        except TemplateError:
+            skipped["chat template not prefix-stable"] += 1
+            continue
+        if not any(t.loss_mask):
+            skipped["no assistant tokens within max_len"] += 1
+            continue
+        out.append((t.input_ids, t.loss_mask))
+    return out, skipped
+
+
+def _manifest(cfg, job: Job, key: str, n_shards: int, complete: bool) -> dict:
+    shards = [shard_entry(job.out / shard_name(k)) for k in range(n_shards) if (job.out / shard_name(k)).exists()]
+    source = dict(job.source)
+    skipped = Counter(source.get("skipped", {}))
+    for s in shards:
+        skipped.update(s["skipped"])
+    source["skipped"] = dict(sorted(skipped.items()))
+    source["kept"] = sum(s["records"] for s in shards)
+    manifest = new_manifest(job.target, source, shards, complete, template_hash(job.tokenizer))
+    manifest["config_key"] = key
+    manifest["expected_shards"] = n_shards
+    return manifest
+
+
+def _distributed() -> tuple[int, int]:
+    """(rank, world) from torchrun's environment; a gloo group when world > 1."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    if world > 1 and not torch.distributed.is_initialized():
+        torch.distributed.init_process_group("gloo")
+    return rank, world
+
+
+def _barrier(world: int) -> None:
+    if world > 1:
+        torch.distributed.barrier()

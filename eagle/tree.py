@@ -1,0 +1,187 @@
+"""Draft trees as plain tensors: no model in this file.
+
+A tree has N nodes, node 0 the *root*: the last token the target has already decided, not yet
+in its KV cache. Every other node is a drafted token. Nodes are ordered parents before
+children, so `parents[i] < i` for every non-root node.
+
+Buffers derived from (tokens, parents):
+- `depths [N]`      root 0, its children 1, ...; position id of node i = past_len + depths[i]
+- `ancestors [N, N]` bool, ancestors[i, j] = node j is node i or one of its ancestors
+                     (the tree attention pattern)
+- `retrieve [L, D+1]` one row per leaf: node indices of the root-to-leaf path, padded with -1
+
+Two ways to grow a tree (the drafting loop in `eagle.model` calls the head):
+- static (EAGLE-1): a fixed list of *choices*, each a path of top-k ranks, e.g. [0], [0, 0], [1];
+- dynamic (EAGLE-2): expand the `top_k` best nodes by cumulative draft log-probability for
+  `depth` steps, then keep the `total_token - 1` best of all candidates (`select_nodes`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+Choices = list[list[int]]
+
+# EAGLE-1-style static tree, sized for a CPU (26 nodes with the root, depth 5). The verify
+# forward over the tree is the expensive part on a CPU, so it stays small and leans on rank 0.
+DEFAULT_CHOICES: Choices = [
+    [0], [1], [2], [3],
+    [0, 0], [0, 1], [0, 2], [1, 0], [1, 1], [2, 0], [3, 0],
+    [0, 0, 0], [0, 0, 1], [0, 1, 0], [1, 0, 0], [0, 2, 0], [2, 0, 0],
+    [0, 0, 0, 0], [0, 0, 0, 1], [0, 0, 1, 0], [0, 1, 0, 0], [1, 0, 0, 0],
+    [0, 0, 0, 0, 0], [0, 0, 0, 0, 1], [0, 0, 0, 1, 0],
+]
+
+
+@dataclass
+class Tree:
+    """A draft tree ready for verification (see module docstring for the buffers)."""
+
+    tokens: torch.Tensor  # [N] long
+    parents: torch.Tensor  # [N] long, -1 for the root
+    depths: torch.Tensor  # [N] long
+    ancestors: torch.Tensor  # [N, N] bool
+    retrieve: torch.Tensor  # [L, D+1] long, -1 padded
+
+    @property
+    def size(self) -> int:
+        return int(self.tokens.numel())
+
+    def children(self) -> list[list[int]]:
+        """Children of each node, in node order (siblings in draft-rank order)."""
+        kids: list[list[int]] = [[] for _ in range(self.size)]
+        for i, p in enumerate(self.parents.tolist()):
+            if p >= 0:
+                kids[p].append(i)
+        return kids
+
+
+def build_tree(tokens: torch.Tensor, parents: torch.Tensor) -> Tree:
+    """Derive depths, ancestor mask and retrieve indices from tokens [N] and parents [N]."""
+    parents = parents.to(torch.long).cpu()
+    n = parents.numel()
+    if n == 0 or parents[0] != -1:
+        raise ValueError("node 0 must be the root (parent -1)")
+    idx = torch.arange(n)
+    if n > 1 and not bool(((parents[1:] >= 0) & (parents[1:] < idx[1:])).all()):
+        raise ValueError("every non-root node needs a parent that comes before it")
+    depths = torch.zeros(n, dtype=torch.long)
+    ancestors = torch.eye(n, dtype=torch.bool)
+    for i in range(1, n):  # parents first, so one pass suffices
+        p = int(parents[i])
+        depths[i] = depths[p] + 1
+        ancestors[i] |= ancestors[p]
+    return Tree(tokens.to(torch.long), parents, depths, ancestors, retrieve_indices(parents, depths, ancestors))
+
+
+def retrieve_indices(parents: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
+    """One row per leaf: the node indices of its root-to-leaf path, padded with -1. [L, D+1]"""
+    n = parents.numel()
+    is_parent = torch.zeros(n, dtype=torch.bool)
+    is_parent[parents[parents >= 0]] = True
+    leaves = (~is_parent).nonzero().flatten()
+    out = torch.full((leaves.numel(), int(depths.max()) + 1), -1, dtype=torch.long)
+    for row, leaf in enumerate(leaves.tolist()):
+        path = ancestors[leaf].nonzero().flatten()  # ascending = root first, parents first
+        out[row, : path.numel()] = path
+    return out
+
+
+def tree_attention_mask(ancestors: torch.Tensor, past_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask [1, 1, N, past_len + N]: the committed prefix plus each node's ancestors."""
+    n = ancestors.shape[0]
+    allowed = torch.cat([torch.ones(n, past_len, dtype=torch.bool), ancestors.cpu()], dim=1)
+    return additive_mask(allowed, dtype)
+
+
+def causal_mask(q_len: int, past_len: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive causal mask [1, 1, q_len, past_len + q_len] for q_len new rows after a prefix."""
+    return tree_attention_mask(torch.ones(q_len, q_len, dtype=torch.bool).tril(), past_len, dtype)
+
+
+def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool [Q, K] -> additive [1, 1, Q, K]: 0 where allowed, dtype-min where blocked."""
+    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask.masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask[None, None]
+
+
+# ---- static trees (EAGLE-1) -------------------------------------------------------------
+
+
+@dataclass
+class StaticTree:
+    """The shape of a static tree: node 0 the root, then the choices sorted by (depth, path)."""
+
+    paths: list[tuple[int, ...]]  # [N], () for the root
+    parents: torch.Tensor  # [N] long
+    ranks: torch.Tensor  # [N] long, top-k rank of each node among its parent's draft tokens
+
+    @property
+    def depth(self) -> int:
+        return max(len(p) for p in self.paths)
+
+    def nodes_at(self, depth: int) -> list[int]:
+        return [i for i, p in enumerate(self.paths) if len(p) == depth]
+
+
+def static_tree(choices: Choices) -> StaticTree:
+    """Validate and order a choice list; every prefix of a choice must be a choice too."""
+    paths = sorted({tuple(c) for c in choices}, key=lambda p: (len(p), p))
+    if not paths or any(len(p) == 0 or min(p) < 0 for p in paths):
+        raise ValueError("choices must be non-empty paths of non-negative top-k ranks")
+    paths = [()] + paths
+    index = {p: i for i, p in enumerate(paths)}
+    missing = [p for p in paths[1:] if p[:-1] not in index]
+    if missing:
+        raise ValueError(f"tree choices lack the parents of {missing[:3]}")
+    parents = torch.tensor([-1] + [index[p[:-1]] for p in paths[1:]], dtype=torch.long)
+    ranks = torch.tensor([0] + [p[-1] for p in paths[1:]], dtype=torch.long)
+    return StaticTree(paths, parents, ranks)
+
+
+# ---- dynamic trees (EAGLE-2) ------------------------------------------------------------
+
+
+def expand_topk(
+    parent_scores: torch.Tensor,  # [F] cumulative log-prob of the frontier nodes
+    logp: torch.Tensor,  # [F, V] draft log-probs of each frontier node's next token
+    k: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Top-k children of every frontier node.
+
+    Returns tokens [F*k], cumulative scores [F*k] and the frontier row of each child [F*k],
+    children of frontier row f contiguous and in rank order.
+    """
+    top_logp, top_tokens = logp.topk(k, dim=-1)  # [F, k]
+    scores = parent_scores[:, None] + top_logp.to(parent_scores.dtype)
+    rows = torch.arange(logp.shape[0]).repeat_interleave(k)
+    return top_tokens.flatten(), scores.flatten(), rows
+
+
+def select_nodes(scores: torch.Tensor, parents: torch.Tensor, keep: int) -> torch.Tensor:
+    """Keep the `keep` best candidates by score, closed under parents, in candidate order.
+
+    `scores [M]` are cumulative log-probs and `parents [M]` candidate indices (-1 = the root),
+    parents listed before children. A child never scores above its parent, and the stable
+    sort ranks an equal-scoring parent first, so the top `keep` are closed under parents;
+    this is checked. Returns the kept candidate indices [min(keep, M)], ascending.
+    """
+    order = torch.sort(scores, descending=True, stable=True).indices
+    kept = order[: max(0, min(keep, scores.numel()))].sort().values
+    chosen = torch.zeros(scores.numel(), dtype=torch.bool)
+    chosen[kept] = True
+    p = parents[kept]
+    if not bool(((p < 0) | chosen[p.clamp(min=0)]).all()):
+        raise AssertionError("dynamic tree selection dropped a parent of a kept node")
+    return kept
+
+
+def reindex_parents(kept: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+    """Parents of kept candidates as tree node indices (root = node 0, kept[i] = node i + 1)."""
+    position = torch.full((parents.numel(),), -1, dtype=torch.long)
+    position[kept] = torch.arange(1, kept.numel() + 1)
+    p = parents[kept]
+    return torch.cat([torch.tensor([-1]), torch.where(p < 0, torch.zeros_like(p), position[p.clamp(min=0)])])

@@ -1,0 +1,114 @@
+"""Accepting draft tokens: greedy matching and lossless rejection sampling over a tree.
+
+Naming: **p is the target** distribution, **q the draft** distribution. Drafts here are
+deterministic (top-k of the draft logits), so for the sibling being tried q is one-hot and
+the speculative-sampling test `u < min(1, p(x) / q(x))` becomes `u < p(x)`; on rejection
+the residual `norm(max(0, p - q))` is p with x removed and renormalized.
+
+`process_logits` / `sample` are the one definition of temperature, top-k and top-p used by
+both plain sampling (`naivegenerate`) and verification, so both sample the same p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from eagle.tree import Tree
+
+
+@dataclass
+class SamplingParams:
+    """temperature 0 = greedy; top_p 0 or 1 = no nucleus cut; top_k 0 = no top-k cut."""
+
+    temperature: float = 0.0
+    top_p: float = 0.0
+    top_k: int = 0
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+def process_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Temperature, then top-k, then top-p on logits [..., V]; removed tokens get -inf (fp32)."""
+    logits = logits.float() / params.temperature
+    vocab = logits.shape[-1]
+    if 0 < params.top_k < vocab:
+        kth = logits.topk(params.top_k, dim=-1).values[..., -1:]  # [..., 1]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if 0.0 < params.top_p < 1.0:
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        probs = sorted_logits.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs  # mass of strictly better tokens
+        drop_sorted = mass_before >= params.top_p  # the top token always stays
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """p: the processed target distribution [..., V] (fp32)."""
+    return process_logits(logits, params).softmax(dim=-1)
+
+
+def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
+    """Next token(s) from logits [..., V] -> [...] long: argmax if greedy, else a draw from p."""
+    if params.greedy:
+        return logits.argmax(dim=-1)
+    probs = target_probs(logits, params)
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
+
+
+def verify_greedy(tree: Tree, logits: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Longest root-to-node path whose drafts equal the target argmax.
+
+    logits [N, V]: target logits at each tree node (under the tree mask). Returns the
+    accepted node indices [n] (root first, n >= 1) and the bonus token: the target's
+    argmax after the last accepted node.
+    """
+    best = logits.argmax(dim=-1)  # [N] target's next token after each node
+    paths = tree.retrieve  # [L, D+1]
+    valid = paths >= 0
+    drafted = tree.tokens[paths.clamp(min=0)]  # [L, D+1]
+    predicted = best.cpu()[paths.clamp(min=0)]  # [L, D+1]
+    match = (drafted[:, 1:] == predicted[:, :-1]) & valid[:, 1:]  # [L, D]
+    accepted = match.long().cumprod(dim=1).sum(dim=1)  # [L] drafts accepted on each path
+    row = int(accepted.argmax())
+    path = paths[row, : int(accepted[row]) + 1]
+    return path, int(best[path[-1]])
+
+
+def verify_sampling(
+    tree: Tree, probs: torch.Tensor, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, int]:
+    """Recursive rejection sampling over siblings; the output is distributed exactly as p.
+
+    probs [N, V]: p at each tree node (from `target_probs`). Walks from the root: each child
+    x of the current node, in order, is accepted with probability p(x); a rejected x gets
+    p(x) = 0 and p is renormalized before the next sibling; when every child is rejected the
+    bonus token is drawn from what is left of p. Returns accepted node indices [n] and the bonus.
+    """
+    children = tree.children()
+    tokens = tree.tokens.tolist()
+    node, path = 0, [0]
+    while True:
+        p = probs[node].float().clone()  # [V]
+        accepted = None
+        for child in children[node]:
+            x = tokens[child]
+            if torch.rand((), generator=generator) < p[x]:  # q(x) = 1 for this sibling
+                accepted = child
+                break
+            p[x] = 0.0  # residual norm(max(0, p - q))
+            total = p.sum()
+            if total <= 0:  # only float round-off gets here; fall back to p
+                p = probs[node].float().clone()
+                break
+            p /= total
+        if accepted is None:
+            return torch.tensor(path), int(torch.multinomial(p, 1, generator=generator))
+        node = accepted
+        path.append(node)

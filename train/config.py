@@ -1,0 +1,92 @@
+"""The schema of the `train:`, `wandb:` and `hub:` sections of conf/config.yaml.
+
+The YAML holds the values (so `--cfg job` prints them); these dataclasses are the schema:
+`validate(cfg)` merges each section onto its dataclass, which rejects unknown keys and
+wrong types with Hydra's usual messages. The schema is applied by the train app only,
+so data_prep, which composes the same config.yaml, does not depend on this package.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import DictConfig, OmegaConf
+
+
+@dataclass
+class TrainConfig:
+    """Optimizer, schedule, batching, loss, evaluation and checkpointing of one run."""
+
+    lr: float = 3e-5
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    weight_decay: float = 0.0
+    warmup_steps: int = 2000
+    schedule: str = "linear"  # linear | cosine | constant
+    min_lr_ratio: float = 0.0
+    grad_clip: float = 0.5
+    grad_accum: int = 1
+    batch_tokens: int = 8192
+    epochs: int = 20
+    max_steps: int | None = None
+    v_w: float = 1.0
+    p_w: float = 0.1
+    noise: float = 0.2
+    noise_ref_len: int | None = None
+    topk: int = 3
+    eval_fraction: float = 0.05
+    eval_every: int = 1000
+    eval_max_batches: int | None = None
+    log_every: int = 10
+    save_every: int = 1000
+    keep_last: int = 2
+    resume: str = "auto"  # auto | none | a checkpoint directory
+    stop_after: int | None = None
+    export_dtype: str = "bfloat16"
+    num_workers: int = 0
+    progress: bool = True
+
+
+@dataclass
+class WandbConfig:
+    mode: str | None = None  # online | offline | disabled; None = online iff WANDB_API_KEY is set
+    project: str = "eagle-draft"
+    entity: str | None = None
+    name: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class HubConfig:
+    push: bool = False
+    repo_id: str | None = None
+    private: bool = False
+    endpoint: str | None = None
+
+
+SCHEMAS = {"train": TrainConfig, "wandb": WandbConfig, "hub": HubConfig}
+SCHEDULES = ("linear", "cosine", "constant")
+RESUME_HINT = "train.resume must be 'auto', 'none' or a checkpoint directory"
+
+
+def validate(cfg: DictConfig) -> DictConfig:
+    """Return `cfg` with `train`, `wandb`, `hub` typed by their schema; raise on bad values."""
+    cfg = cfg.copy()
+    OmegaConf.set_struct(cfg, False)
+    for key, schema in SCHEMAS.items():
+        merged = OmegaConf.merge(OmegaConf.structured(schema), cfg.get(key) or {})
+        cfg[key] = merged
+    OmegaConf.set_struct(cfg, True)
+    t = cfg.train
+    if t.schedule not in SCHEDULES:
+        raise ValueError(f"train.schedule={t.schedule!r}: expected one of {SCHEDULES}")
+    if not 0.0 <= t.eval_fraction < 1.0:
+        raise ValueError(f"train.eval_fraction={t.eval_fraction}: expected 0 <= f < 1")
+    if t.grad_accum < 1 or t.batch_tokens < 2:
+        raise ValueError("train.grad_accum must be >= 1 and train.batch_tokens >= 2")
+    if t.topk < 1:
+        raise ValueError("train.topk must be >= 1")
+    if cfg.wandb.mode not in (None, "online", "offline", "disabled"):
+        raise ValueError(f"wandb.mode={cfg.wandb.mode!r}: expected online, offline, disabled or null")
+    if cfg.hub.push and not cfg.hub.repo_id:
+        raise ValueError("hub.push=true needs hub.repo_id=NAME")
+    return cfg

@@ -1,0 +1,152 @@
+"""Batches of (feature, next token, next feature) pairs from a memory-mapped feature store.
+
+A record of S tokens gives S-1 training pairs: position t takes (f_t, x_{t+1}) and
+predicts f_{t+1}; pair t counts in the loss iff loss_mask[t+1] is set. A batch keeps the
+S rows of each record (the pairs are formed by shifting in the loss step), right-padded to
+the longest record of the batch. With causal attention, right padding never changes the
+real positions, so no attention mask is needed; padded rows have loss_mask 0.
+
+Batching is length-aware: records are sorted by length (random tie order) and grouped so
+that padded length x records stays within `batch_tokens`; the batch order is then shuffled.
+Everything depends only on (seed, epoch), so a resumed run sees the same batches.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from data_prep.store import FeatureStore, Record
+
+
+@dataclass
+class Batch:
+    """Right-padded records. S = longest record in the batch."""
+
+    input_ids: torch.Tensor  # [B, S] int64, pad 0
+    loss_mask: torch.Tensor  # [B, S] bool, False on padding
+    hidden: torch.Tensor  # [B, S, H] store dtype, zeros on padding
+    lengths: torch.Tensor  # [B] int64
+
+    @property
+    def num_pairs(self) -> int:
+        """Real (unpadded) training pairs in the batch."""
+        return int((self.lengths - 1).clamp(min=0).sum())
+
+
+def collate(records: Sequence[Record]) -> Batch:
+    """Pad records on the right into one Batch."""
+    lengths = torch.tensor([len(r.input_ids) for r in records], dtype=torch.int64)
+    b, s = len(records), int(lengths.max())
+    h = records[0].hidden_states.shape[-1]
+    input_ids = torch.zeros(b, s, dtype=torch.int64)
+    loss_mask = torch.zeros(b, s, dtype=torch.bool)
+    hidden = torch.zeros(b, s, h, dtype=records[0].hidden_states.dtype)
+    for i, r in enumerate(records):
+        n = len(r.input_ids)
+        input_ids[i, :n] = r.input_ids
+        loss_mask[i, :n] = r.loss_mask.bool()
+        hidden[i, :n] = r.hidden_states
+    return Batch(input_ids, loss_mask, hidden, lengths)
+
+
+class RecordDataset(Dataset):
+    """Map-style view of a FeatureStore (records are read from the mmapped shards on access)."""
+
+    def __init__(self, store: FeatureStore):
+        self.store = store
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def __getitem__(self, i: int) -> Record:
+        return self.store[i]
+
+
+def split_indices(lengths: Sequence[int], eval_fraction: float, seed: int) -> tuple[list[int], list[int]]:
+    """Deterministic (train, eval) split of the usable records (>= 2 tokens) by `seed`."""
+    usable = [i for i, n in enumerate(lengths) if n >= 2]
+    order = list(usable)
+    random.Random(f"split-{seed}").shuffle(order)
+    n_eval = math.ceil(eval_fraction * len(order)) if eval_fraction > 0 else 0
+    n_eval = min(n_eval, len(order) - 1)
+    return sorted(order[n_eval:]), sorted(order[:n_eval])
+
+
+def length_batches(
+    indices: Sequence[int], lengths: Sequence[int], batch_tokens: int, seed: int | None
+) -> list[list[int]]:
+    """Group record indices into batches with padded size <= batch_tokens.
+
+    seed None keeps a fixed order (evaluation); otherwise ties in length and the order of
+    batches are shuffled by seed. A record longer than the budget forms a batch alone.
+    """
+    order = list(indices)
+    rng = random.Random(seed) if seed is not None else None
+    if rng is not None:
+        rng.shuffle(order)  # random order among records of equal length
+    order.sort(key=lambda i: lengths[i])  # stable sort
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        longest = lengths[i]  # sorted ascending: the newcomer is the longest
+        if current and longest * (len(current) + 1) > batch_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    if rng is not None:
+        rng.shuffle(batches)
+    return batches
+
+
+class BatchPlan:
+    """The micro-batches of one rank, epoch after epoch, addressable by micro-step.
+
+    Each epoch's batch list is cut to a multiple of the world size and dealt round-robin,
+    so every rank has the same number of micro-batches per epoch.
+    """
+
+    def __init__(self, indices: Sequence[int], lengths: Sequence[int], batch_tokens: int,
+                 seed: int, rank: int = 0, world_size: int = 1):
+        self.indices, self.lengths = list(indices), list(lengths)
+        self.batch_tokens, self.seed = batch_tokens, seed
+        self.rank, self.world_size = rank, world_size
+        self.per_epoch = len(self.epoch(0))
+        if self.per_epoch == 0:
+            raise ValueError(
+                f"{len(self.indices)} training records make fewer batches than ranks ({world_size}): "
+                "use more data or a smaller train.batch_tokens"
+            )
+
+    def epoch(self, e: int) -> list[list[int]]:
+        """This rank's micro-batches (record indices) of epoch e."""
+        batches = length_batches(self.indices, self.lengths, self.batch_tokens, seed=hash_seed(self.seed, e))
+        usable = len(batches) - len(batches) % self.world_size
+        return batches[self.rank:usable:self.world_size]
+
+    def from_step(self, micro_step: int) -> Iterator[list[int]]:
+        """Endless micro-batches starting at global micro-step `micro_step`."""
+        e, i = divmod(micro_step, self.per_epoch)
+        while True:
+            yield from self.epoch(e)[i:]
+            e, i = e + 1, 0
+
+
+def hash_seed(seed: int, epoch: int) -> int:
+    """Per-epoch shuffle seed, stable across Python processes (unlike hash())."""
+    return seed * 1_000_003 + epoch
+
+
+def loader(store: FeatureStore, batches: Iterator[list[int]] | list[list[int]], num_workers: int = 0) -> DataLoader:
+    """A DataLoader that yields collated Batches for the given index lists, in order."""
+    return DataLoader(
+        RecordDataset(store), batch_sampler=batches, collate_fn=collate, num_workers=num_workers,
+        persistent_workers=False,
+    )

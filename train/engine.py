@@ -1,0 +1,110 @@
+"""DeepSpeed setup: process group, DeepSpeed config, optimizer, LR schedule, full weights.
+
+Always `deepspeed.initialize`, also for one process without a launcher: `init_distributed`
+then creates a world-size-1 gloo group itself. Under torchrun (or `deepspeed
+--no_local_rank`) the launcher's RANK/WORLD_SIZE/MASTER_* are used as they are.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+NEVER = 10**12  # DeepSpeed's own step printing: off (we log ourselves)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed(timeout_minutes: int = 60) -> tuple[int, int]:
+    """Join (or create) the gloo process group; return (rank, world_size)."""
+    if not dist.is_initialized():
+        if "RANK" not in os.environ:  # plain `python -m train`: a group of one
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
+                              LOCAL_RANK="0", WORLD_SIZE="1")
+        os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
+        dist.init_process_group("gloo", timeout=timedelta(minutes=timeout_minutes))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def ds_config(cfg: DictConfig) -> dict:
+    """The DeepSpeed config: conf/deepspeed/*.yaml plus batch, accumulation and clipping from `train`."""
+    conf = OmegaConf.to_container(cfg.deepspeed, resolve=True) or {}
+    conf.update(
+        train_micro_batch_size_per_gpu=1,  # one token-budget batch per micro-step
+        gradient_accumulation_steps=int(cfg.train.grad_accum),
+        gradient_clipping=float(cfg.train.grad_clip),
+        steps_per_print=NEVER,
+        zero_allow_untested_optimizer=True,  # a plain torch AdamW: no 45 s op build
+        wall_clock_breakdown=False,
+    )
+    conf.pop("train_batch_size", None)
+    return conf
+
+
+def compute_dtype(conf: dict) -> torch.dtype:
+    if conf.get("bf16", {}).get("enabled"):
+        return torch.bfloat16
+    if conf.get("fp16", {}).get("enabled"):
+        return torch.float16
+    return torch.float32
+
+
+def lr_lambda(warmup: int, total: int, schedule: str, min_ratio: float):
+    """Multiplier of the base lr at optimizer step `s`: linear warmup, then decay to min_ratio."""
+
+    def f(s: int) -> float:
+        if s < warmup:
+            return (s + 1) / (warmup + 1)
+        if schedule == "constant" or total <= warmup:
+            return 1.0
+        progress = min(1.0, (s - warmup) / max(1, total - warmup))
+        decay = 1.0 - progress if schedule == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
+        return min_ratio + (1.0 - min_ratio) * decay
+
+    return f
+
+
+def build_engine(head: nn.Module, cfg: DictConfig, total_steps: int):
+    """deepspeed.initialize with a torch AdamW and a LambdaLR schedule; returns the engine."""
+    import deepspeed
+
+    t = cfg.train
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(t.warmup_steps, total_steps, t.schedule, t.min_lr_ratio)
+    )
+    engine, _, _, _ = deepspeed.initialize(
+        model=head, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config(cfg),
+        dist_init_required=False,
+    )
+    return engine
+
+
+def zero_stage(engine) -> int:
+    return int(engine.zero_optimization_stage())
+
+
+def full_state_dict(engine) -> dict[str, torch.Tensor] | None:
+    """The module's complete weights on rank 0 (None elsewhere). Collective: call on all ranks."""
+    module = engine.module
+    if zero_stage(engine) == 3:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
+            state = {k: v.detach().clone() for k, v in module.state_dict().items()} if dist.get_rank() == 0 else None
+        return state
+    if dist.get_rank() != 0:
+        return None
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}

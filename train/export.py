@@ -1,0 +1,96 @@
+"""The exported head: EAGLE layout (eagle.checkpoint.save_head) plus a model card."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from eagle.checkpoint import save_head
+from eagle.draft import DraftConfig, DraftHead
+
+
+@dataclass
+class CardInfo:
+    """What the model card says about a run."""
+
+    target: str  # name or path given to the trainer
+    target_name: str
+    data: str  # data selection / store directory
+    store_records: int = 0
+    store_tokens: int = 0
+    steps: int = 0
+    epochs: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+    config: dict = field(default_factory=dict)  # the train section
+    code_version: str = "unknown"
+
+
+def model_card(info: CardInfo, repo_id: str | None = None) -> str:
+    """A Hub model card (YAML front matter + Markdown) for an exported head."""
+    head_ref = repo_id or "path/to/this/folder"
+    metrics = "\n".join(f"| {k} | {v:.4f} |" for k, v in sorted(info.metrics.items())) or "| (none) | |"
+    hyper = json.dumps(info.config, indent=2, sort_keys=True)
+    return f"""---
+library_name: eagle-pipeline
+license: apache-2.0
+tags:
+- eagle
+- speculative-decoding
+- draft-model
+base_model: {info.target}
+---
+
+# EAGLE draft head for {info.target_name}
+
+An EAGLE-1/2 draft head (one decoder layer over the target's last hidden state) for lossless
+speculative decoding of `{info.target}`. The token embedding and `lm_head` are the target's
+and are not stored here: `model.safetensors` holds only `fc.*` and `layers.0.*`.
+
+## Use
+
+```python
+import torch
+from eagle import EaModel
+
+model = EaModel.from_pretrained(
+    base_model_path="{info.target}",
+    ea_model_path="{head_ref}",
+    torch_dtype=torch.bfloat16,
+)
+out = model.eagenerate(input_ids, temperature=0.0, max_new_tokens=256)
+```
+
+## Training
+
+- Target: `{info.target}`
+- Data: `{info.data}` ({info.store_records} records, {info.store_tokens} tokens)
+- Steps: {info.steps} optimizer steps ({info.epochs:.2f} epochs)
+- Loss: v_w * SmoothL1(feature) + p_w * CE(token)
+- Code version: `{info.code_version}`
+
+## Held-out metrics
+
+Top-k: the draft's token (argmax of lm_head(predicted feature)) is among its k best
+against the target's argmax token, on loss-masked positions of the held-out split.
+
+| metric | value |
+|---|---|
+{metrics}
+
+## Hyperparameters
+
+```json
+{hyper}
+```
+"""
+
+
+def export_head(directory: str | Path, state: dict[str, torch.Tensor], config: DraftConfig,
+                card: str, dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Build a DraftHead from a full state dict and save it atomically with its card."""
+    head = DraftHead(config)
+    head.load_state_dict({k: v.float() for k, v in state.items()})
+    return save_head(directory, head, dtype=dtype, card=card)

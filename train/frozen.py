@@ -1,0 +1,74 @@
+"""The target's frozen token embedding and lm_head, read from its safetensors files.
+
+Only the two matrices are loaded (a 7B target's 13 GB of layers never touch memory). With
+tied embeddings, or a checkpoint without `lm_head.weight`, lm_head is the embedding.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+EMBED_SUFFIX = "embed_tokens.weight"
+LM_HEAD_KEY = "lm_head.weight"
+
+
+@dataclass
+class Frozen:
+    """Target matrices used by the trainer; never trained, never saved with the head."""
+
+    embed: torch.Tensor  # [V, H]
+    lm_head: torch.Tensor  # [V, H] (may be the same tensor as embed)
+
+    def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """[B, S] ids -> [B, S, H]."""
+        return torch.nn.functional.embedding(ids, self.embed)
+
+
+def _weight_files(target_dir: Path) -> dict[str, Path]:
+    """Map tensor name -> safetensors file of a HF model folder."""
+    index = target_dir / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {k: target_dir / v for k, v in weight_map.items()}
+    files = sorted(target_dir.glob("*.safetensors"))
+    out: dict[str, Path] = {}
+    for f in files:
+        with safe_open(str(f), framework="pt") as h:
+            out.update({k: f for k in h.keys()})
+    return out
+
+
+def _read(path: Path, key: str) -> torch.Tensor:
+    with safe_open(str(path), framework="pt") as h:
+        return h.get_tensor(key)
+
+
+def load_frozen(target_dir: str | Path, dtype: torch.dtype = torch.float32) -> Frozen:
+    """Read embed_tokens and lm_head of a HF folder (safetensors; else the full model as a fallback)."""
+    target_dir = Path(target_dir)
+    config = json.loads((target_dir / "config.json").read_text())
+    text = config.get("text_config", config)
+    tied = bool(config.get("tie_word_embeddings", text.get("tie_word_embeddings", False)))
+    files = _weight_files(target_dir)
+    embed_keys = [k for k in files if k.endswith(EMBED_SUFFIX) and "vision" not in k]
+    if not embed_keys:
+        return _load_via_model(target_dir, dtype)
+    embed_key = min(embed_keys, key=len)  # the language model's, e.g. model.embed_tokens.weight
+    embed = _read(files[embed_key], embed_key).to(dtype)
+    lm_key = next((k for k in files if k.endswith(LM_HEAD_KEY)), None)
+    lm_head = embed if tied or lm_key is None else _read(files[lm_key], lm_key).to(dtype)
+    return Frozen(embed=embed.requires_grad_(False), lm_head=lm_head.requires_grad_(False))
+
+
+def _load_via_model(target_dir: Path, dtype: torch.dtype) -> Frozen:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype)
+    embed = model.get_input_embeddings().weight.detach()
+    lm_head = model.get_output_embeddings().weight.detach()
+    return Frozen(embed=embed.clone(), lm_head=lm_head.clone())

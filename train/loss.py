@@ -1,0 +1,113 @@
+"""The EAGLE loss: v_w * SmoothL1(feature) + p_w * CE(token), over loss-masked pairs only.
+
+Pairing (see train/data.py): from a padded batch of S rows we form S-1 pairs,
+    inputs  f_t = hidden[:, :-1]        tokens x_{t+1} = input_ids[:, 1:]
+    target  f_{t+1} = hidden[:, 1:]     counted iff loss_mask[:, 1:]
+The token term is the cross-entropy of the draft's distribution softmax(lm_head(f̂)) against
+the target's softmax(lm_head(f)) as a soft label. `lm_head` runs only on the masked rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class Pairs:
+    """Model inputs and targets of one batch, already shifted."""
+
+    features: torch.Tensor  # [B, S-1, H] f_t
+    next_ids: torch.Tensor  # [B, S-1] x_{t+1}
+    target: torch.Tensor  # [B, S-1, H] f_{t+1}
+    mask: torch.Tensor  # [B, S-1] bool, pairs that count
+    position_ids: torch.Tensor  # [B, S-1]
+
+
+def make_pairs(input_ids: torch.Tensor, loss_mask: torch.Tensor, hidden: torch.Tensor) -> Pairs:
+    """Shift a batch ([B, S], [B, S], [B, S, H]) into (f_t, x_{t+1}) -> f_{t+1} pairs."""
+    b, s = input_ids.shape
+    position_ids = torch.arange(s - 1, device=input_ids.device).expand(b, -1)
+    return Pairs(
+        features=hidden[:, :-1],
+        next_ids=input_ids[:, 1:],
+        target=hidden[:, 1:],
+        mask=loss_mask[:, 1:].bool(),
+        position_ids=position_ids,
+    )
+
+
+def uniform_noise(features: torch.Tensor, width: float, ref_len: int | None = None,
+                  generator: torch.Generator | None = None) -> torch.Tensor:
+    """features + U(-width/2, width/2); EAGLE scales width by ref_len / seq_len when ref_len is set."""
+    if width <= 0:
+        return features
+    if ref_len:
+        width = width * ref_len / features.shape[1]
+    noise = torch.rand(features.shape, generator=generator, dtype=torch.float32, device=features.device)
+    return (features.float() + (noise - 0.5) * width).to(features.dtype)
+
+
+@dataclass
+class LossOutput:
+    """The scalar to backpropagate plus detached sums for metrics (summable across batches/ranks)."""
+
+    loss: torch.Tensor  # [] weighted total
+    feature_loss: torch.Tensor  # [] mean SmoothL1 over masked pairs (and hidden dims)
+    token_loss: torch.Tensor  # [] mean soft cross-entropy over masked pairs
+    sums: dict[str, torch.Tensor]  # n, feature, token, top1, topk: float64 sums
+
+
+def eagle_loss(
+    pred: torch.Tensor,  # [B, S, H] predicted features f̂_{t+1}
+    target: torch.Tensor,  # [B, S, H] target features f_{t+1}
+    mask: torch.Tensor,  # [B, S] bool
+    lm_head: torch.Tensor,  # [V, H] frozen lm_head weight
+    v_w: float = 1.0,
+    p_w: float = 0.1,
+    topk: int = 3,
+) -> LossOutput:
+    """EAGLE's loss over masked pairs. With no masked pair the loss is 0 (still differentiable)."""
+    pred_m = pred[mask]  # [N, H]
+    n = pred_m.shape[0]
+    if n == 0:
+        zero = pred.sum() * 0.0
+        sums = {k: torch.zeros((), dtype=torch.float64) for k in ("n", "feature", "token", "top1", "topk")}
+        return LossOutput(zero, zero.detach(), zero.detach(), sums)
+    target_m = target[mask].to(pred_m.dtype)  # [N, H]
+    feature_loss = F.smooth_l1_loss(pred_m.float(), target_m.float())  # mean over N*H
+    weight = lm_head.to(pred_m.dtype)
+    with torch.no_grad():
+        target_logits = target_m @ weight.T  # [N, V]
+        target_p = torch.softmax(target_logits.float(), dim=-1)
+        target_top = target_logits.argmax(-1)  # [N]
+    draft_logits = pred_m @ weight.T  # [N, V]
+    draft_logp = torch.log_softmax(draft_logits.float(), dim=-1)
+    token_loss = -(target_p * draft_logp).sum(-1).mean()
+    loss = v_w * feature_loss + p_w * token_loss
+    with torch.no_grad():
+        draft_top = draft_logits.topk(min(topk, draft_logits.shape[-1]), dim=-1).indices  # [N, k]
+        hits = draft_top == target_top[:, None]
+        sums = {
+            "n": torch.tensor(float(n), dtype=torch.float64),
+            "feature": feature_loss.detach().double() * n,
+            "token": token_loss.detach().double() * n,
+            "top1": hits[:, 0].sum().double(),
+            "topk": hits.any(-1).sum().double(),
+        }
+    return LossOutput(loss, feature_loss.detach(), token_loss.detach(), sums)
+
+
+def summarize(sums: dict[str, torch.Tensor], topk: int = 3) -> dict[str, float]:
+    """Means from summed statistics: feature_loss, token_loss, top1, top{k}."""
+    n = float(sums["n"])
+    if n == 0:
+        return {}
+    return {
+        "feature_loss": float(sums["feature"]) / n,
+        "token_loss": float(sums["token"]) / n,
+        "top1": float(sums["top1"]) / n,
+        f"top{topk}": float(sums["topk"]) / n,
+    }
