@@ -45,12 +45,14 @@ class ReadReport:
     read: int = 0
     kept: int = 0
     skipped: Counter = field(default_factory=Counter)
-    truncated_bytes: int = 0  # bytes after the last whole record of a truncated JSON file
+    truncated: bool = False  # a JSON array that ends before its closing bracket
+    truncated_bytes: int = 0  # bytes after the last whole record of a truncated JSON array
 
     def as_dict(self) -> dict:
         return {
             "data": self.source, "read": self.read, "kept": self.kept,
-            "skipped": dict(sorted(self.skipped.items())), "truncated_bytes": self.truncated_bytes,
+            "skipped": dict(sorted(self.skipped.items())),
+            "truncated": self.truncated, "truncated_bytes": self.truncated_bytes,
         }
 
 
@@ -116,15 +118,17 @@ def _json_array(path: Path, label: str, report: ReadReport, chunk: int = 1 << 20
         pos, index, offset = pos + 1, 0, 0  # offset: characters dropped from the front of buf
         while True:
             pos = _skip_ws(buf, pos)
+            if index and buf[pos:pos + 1] == ",":  # separator (maybe only now read in)
+                pos = _skip_ws(buf, pos + 1)
             if buf[pos:pos + 1] == "]":
                 return
             try:
                 record, end = decoder.raw_decode(buf, pos)
             except json.JSONDecodeError as e:
-                if not _incomplete(e, buf):
+                if not _incomplete(e, buf, margin=8 if eof else 64):
                     raise DataError(label, index, "", f"invalid JSON at character {offset + e.pos}: {e.msg}") from None
                 if eof:
-                    report.truncated_bytes = len(buf[pos:].encode("utf-8"))
+                    report.truncated, report.truncated_bytes = True, len(buf[pos:].encode("utf-8"))
                     return
                 more = f.read(chunk)
                 eof = not more
@@ -133,10 +137,7 @@ def _json_array(path: Path, label: str, report: ReadReport, chunk: int = 1 << 20
             if not isinstance(record, dict):
                 raise DataError(label, index, "", f"expected an object, got {type(record).__name__}")
             yield index, record
-            index += 1
-            pos = _skip_ws(buf, end)
-            if buf[pos:pos + 1] == ",":
-                pos += 1
+            index, pos = index + 1, end
 
 
 def _skip_ws(buf: str, pos: int) -> int:
@@ -145,9 +146,15 @@ def _skip_ws(buf: str, pos: int) -> int:
     return pos
 
 
-def _incomplete(e: json.JSONDecodeError, buf: str) -> bool:
-    """Did decoding fail because the buffer ends mid-value (not a syntax error)?"""
-    return e.msg.startswith("Unterminated string") or e.pos >= len(buf.rstrip()) - 1
+def _incomplete(e: json.JSONDecodeError, buf: str, margin: int) -> bool:
+    """Did decoding fail because the buffer ends mid-value (not a syntax error)?
+
+    A value cut anywhere (mid-string, mid-literal like `tru`, mid-number) fails either as an
+    unterminated string or within a few characters of the end; a syntax error far from the
+    end is real. Near the end the caller reads more and tries again, so a real error there
+    is still found once more text is in the buffer.
+    """
+    return e.msg.startswith("Unterminated string") or e.pos >= len(buf.rstrip()) - margin
 
 
 def _jsonl(path: Path, label: str) -> Iterator[tuple[int, dict]]:

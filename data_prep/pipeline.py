@@ -99,7 +99,7 @@ def _job(cfg, out: Path, rank: int, world: int) -> Job:
     tokenizer = load_tokenizer(target_dir, cfg.model.chat_template)
     conversations, report = read_conversations(str(cfg.data.source), cfg.data.limit, cfg.data.get("split", "train"))
     source = report.as_dict()
-    if report.truncated_bytes:
+    if report.truncated:
         log.warning("%s is truncated: recovered %d whole records, dropped the last %d bytes (one partial record)",
                     report.source, report.read, report.truncated_bytes)
     if cfg.data.regenerate:

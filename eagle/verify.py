@@ -82,11 +82,11 @@ def verify_greedy(tree: Tree, logits: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def verify_sampling(
-    tree: Tree, probs: torch.Tensor, generator: torch.Generator | None = None
+    tree: Tree, logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
 ) -> tuple[torch.Tensor, int]:
     """Recursive rejection sampling over siblings; the output is distributed exactly as p.
 
-    probs [N, V]: p at each tree node (from `target_probs`). Walks from the root: each child
+    logits [N, V]: target logits at each tree node; p = `target_probs` of them. Walks from the root: each child
     x of the current node, in order, is accepted with probability p(x); a rejected x gets
     p(x) = 0 and p is renormalized before the next sibling; when every child is rejected the
     bonus token is drawn from what is left of p. Returns accepted node indices [n] and the bonus.
@@ -95,7 +95,7 @@ def verify_sampling(
     tokens = tree.tokens.tolist()
     node, path = 0, [0]
     while True:
-        p = probs[node].float().clone()  # [V]
+        p = target_probs(logits[node], params).cpu()  # [V]
         accepted = None
         for child in children[node]:
             x = tokens[child]
@@ -105,7 +105,7 @@ def verify_sampling(
             p[x] = 0.0  # residual norm(max(0, p - q))
             total = p.sum()
             if total <= 0:  # only float round-off gets here; fall back to p
-                p = probs[node].float().clone()
+                p = target_probs(logits[node], params).cpu()
                 break
             p /= total
         if accepted is None:

@@ -70,6 +70,8 @@ RESUME_HINT = "train.resume must be 'auto', 'none' or a checkpoint directory"
 
 def validate(cfg: DictConfig) -> DictConfig:
     """Return `cfg` with `train`, `wandb`, `hub` typed by their schema; raise on bad values."""
+    if "model" not in cfg:
+        raise ValueError("no target model: choose one with +model=NAME (a file of conf/model/)")
     cfg = cfg.copy()
     OmegaConf.set_struct(cfg, False)
     for key, schema in SCHEMAS.items():

@@ -1,0 +1,147 @@
+"""Replace assistant turns with the target's own replies (`data.regenerate=true`).
+
+A draft head learns the target's distribution best from text the target wrote. Each
+conversation keeps its user turns; turn by turn, the target answers the preceding turns
+(its own earlier answers included) in batched generation. Results are saved as JSONL
+chunks next to the store (`regenerated/chunk-NNNNN.jsonl`, written whole then renamed), so
+an interrupted run resumes by chunk, and several ranks split the chunks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from data_prep.conversations import Conversation
+
+log = logging.getLogger("data_prep")
+
+
+def regenerate(cfg, target_dir: Path, tokenizer, conversations: list[Conversation], out: Path,
+               rank: int = 0, world: int = 1) -> list[Conversation]:
+    """Conversations with regenerated assistant turns, in input order."""
+    out.mkdir(parents=True, exist_ok=True)
+    size = int(cfg.data.shard_records)
+    n_chunks = -(-len(conversations) // size)
+    todo = [k for k in range(rank, n_chunks, world) if not _chunk_path(out, k).exists()]
+    if todo:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, cfg.model.dtype)).eval()
+        generator = ReplyGenerator(model, tokenizer, cfg.data.regen, int(cfg.model.max_len))
+        for k in todo:
+            torch.manual_seed(int(cfg.seed) + k)
+            chunk = generator.conversations(conversations[k * size:(k + 1) * size])
+            _write_chunk(_chunk_path(out, k), chunk)
+        log.info("regeneration: %d tokens at %.1f tokens/s", generator.tokens, generator.tokens_per_s)
+    if world > 1:
+        torch.distributed.barrier()
+    return [c for k in range(n_chunks) for c in _read_chunk(_chunk_path(out, k))]
+
+
+class ReplyGenerator:
+    """Batched, length-sorted generation of one turn at a time for many conversations."""
+
+    def __init__(self, model, tokenizer, regen, max_len: int):
+        self.model, self.tokenizer, self.regen, self.max_len = model, tokenizer, regen, max_len
+        self.tokens, self.seconds = 0, 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+    def conversations(self, chunk: list[Conversation]) -> list[Conversation]:
+        """Regenerate every assistant turn of `chunk` (up to regen.max_turns per conversation)."""
+        users = [[m for m in c.messages if m["role"] == "user"][: self.regen.max_turns] for c in chunk]
+        system = [[m for m in c.messages[:1] if m["role"] == "system"] for c in chunk]
+        done = [list(s) for s in system]
+        active = list(range(len(chunk)))
+        bar = tqdm(total=sum(len(u) for u in users), unit="turn", desc="regenerate", dynamic_ncols=True, leave=False)
+        for turn in range(max((len(u) for u in users), default=0)):
+            active = [i for i in active if turn < len(users[i])]
+            prompts = {i: done[i] + [users[i][turn]] for i in active}
+            replies = self.replies(prompts)
+            active = [i for i in active if i in replies]  # too long to continue: stop that conversation
+            for i in active:
+                done[i] += [users[i][turn], {"role": "assistant", "content": replies[i]}]
+            bar.update(len(prompts))
+        bar.close()
+        return [Conversation(c.index, c.id, d) for c, d in zip(chunk, done) if any(m["role"] == "assistant" for m in d)]
+
+    def replies(self, prompts: dict[int, list[dict]]) -> dict[int, str]:
+        """One reply per prompt whose rendering fits in max_len; batched by length."""
+        encoded = {}
+        for i, messages in prompts.items():
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+            if len(ids) + 16 <= self.max_len:
+                encoded[i] = list(ids)
+        order = sorted(encoded, key=lambda i: len(encoded[i]))
+        out = {}
+        for b in range(0, len(order), self.regen.batch_size):
+            batch = order[b:b + self.regen.batch_size]
+            for i, text in zip(batch, self._generate([encoded[i] for i in batch])):
+                out[i] = text
+        return out
+
+    @torch.inference_mode()
+    def _generate(self, prompts: list[list[int]]) -> list[str]:
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        width = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+        attn = torch.zeros_like(ids)
+        for row, p in enumerate(prompts):  # left padding
+            ids[row, width - len(p):] = torch.tensor(p)
+            attn[row, width - len(p):] = 1
+        budget = min(int(self.regen.max_new_tokens), self.max_len - width)
+        sample = float(self.regen.temperature) > 0
+        start = time.perf_counter()
+        gen = self.model.generate(
+            input_ids=ids, attention_mask=attn, max_new_tokens=budget, do_sample=sample,
+            temperature=float(self.regen.temperature) if sample else None,
+            top_p=float(self.regen.top_p) if sample else None, top_k=None, pad_token_id=pad,
+        )
+        self.seconds += time.perf_counter() - start
+        new = gen[:, width:]
+        texts = []
+        for row in new:
+            keep = _until_eos(row, self._eos_ids() | {pad})
+            self.tokens += len(keep)
+            texts.append(self.tokenizer.decode(keep, skip_special_tokens=True).strip())
+        return texts
+
+    def _eos_ids(self) -> set[int]:
+        eos = self.model.generation_config.eos_token_id
+        ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        if self.tokenizer.eos_token_id is not None:
+            ids.add(self.tokenizer.eos_token_id)
+        return ids
+
+
+def _until_eos(row: torch.Tensor, eos: set[int]) -> torch.Tensor:
+    for j, t in enumerate(row.tolist()):
+        if t in eos:
+            return row[:j]
+    return row
+
+
+def _chunk_path(out: Path, k: int) -> Path:
+    return out / f"chunk-{k:05d}.jsonl"
+
+
+def _write_chunk(path: Path, chunk: list[Conversation]) -> None:
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for c in chunk:
+            f.write(json.dumps({"id": c.id, "index": c.index, "messages": c.messages}, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def _read_chunk(path: Path) -> list[Conversation]:
+    with open(path, encoding="utf-8") as f:
+        return [Conversation(r["index"], r["id"], r["messages"]) for r in map(json.loads, f)]

@@ -1,0 +1,216 @@
+"""EaModel end to end: greedy output equals HF greedy decoding; loading; stop conditions."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+from conftest import embedded_target_or_skip, tiny_llama
+from transformers import LlamaConfig
+
+from eagle.checkpoint import save_head
+from eagle.draft import DraftConfig, DraftHead
+from eagle.model import EaModel
+from eagle.tree import static_tree
+from eagle.verify import SamplingParams
+
+TREES = {
+    "dynamic": dict(tree="dynamic", total_token=12, depth=4, top_k=3),
+    "static": dict(tree="static"),
+    "chain": dict(tree=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]),
+}
+
+
+def random_head(target, seed: int = 0) -> DraftHead:
+    torch.manual_seed(seed)
+    return DraftHead(DraftConfig.from_target_config(target.config)).eval()
+
+
+def near_bigram_pair(seed: int, vocab_size: int = 128, coupling: float = 0.15):
+    """A target that is mostly a bigram model, and a head that drafts that bigram exactly.
+
+    The target's attention and MLP outputs are scaled by `coupling`, so its feature at t is
+    close to norm(embed(x_t)) and its next token mostly depends on x_t. The head maps
+    (embed(x_{t+1}), f_t) to embed(x_{t+1}) (fc = [I, 0], attention and MLP zeroed), so its
+    draft logits are lm_head(embed(x)): the target's bigram up to a positive scale. Greedy
+    drafts are then usually right and acceptance lengths > 1 are common, but not always.
+    """
+    target = tiny_llama(seed, vocab_size=vocab_size)
+    with torch.no_grad():
+        for layer in target.model.layers:
+            layer.self_attn.o_proj.weight.mul_(coupling)
+            layer.mlp.down_proj.weight.mul_(coupling)
+    head = random_head(target, seed)
+    h = target.config.hidden_size
+    with torch.no_grad():
+        head.fc.weight.copy_(torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1))
+        head.fc.bias.zero_()
+        head.layers[0].self_attn.o_proj.weight.zero_()
+        head.layers[0].mlp.down_proj.weight.zero_()
+    return target, head
+
+
+def prompt(seed: int, length: int, vocab: int = 128) -> torch.Tensor:
+    return torch.randint(3, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
+
+
+def hf_greedy(target, ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
+    return target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(ids))
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_equals_hf_generate_random_head(seed, tree):
+    target = tiny_llama(seed)
+    model = EaModel(target, random_head(target, seed + 10), **TREES[tree])
+    for p in range(2):
+        ids = prompt(10 * seed + p, 3 + 4 * p)
+        ref = hf_greedy(target, ids, 24)
+        assert torch.equal(model.eagenerate(ids, max_new_tokens=24), ref)
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_equals_hf_generate_with_high_acceptance(seed, tree):
+    target, head = near_bigram_pair(seed)
+    model = EaModel(target, head, **TREES[tree])
+    accepted = []
+    for p in range(2):
+        ids = prompt(10 * seed + p, 4 + 3 * p)
+        ref = hf_greedy(target, ids, 40)
+        assert torch.equal(model.eagenerate(ids, max_new_tokens=40), ref)
+        accepted += model.last_stats.accept_lengths
+    assert max(accepted) >= 3  # long paths are really exercised
+    assert sum(accepted) / len(accepted) > 1.5
+
+
+def test_greedy_equals_naivegenerate_and_log_semantics():
+    target, head = near_bigram_pair(5)
+    model = EaModel(target, head)
+    model.eos_ids = set()
+    ids = prompt(1, 6)
+    out, new, steps = model.eagenerate(ids, max_new_tokens=30, log=True)
+    stats = model.last_stats
+    assert new == 30 == out.shape[1] - ids.shape[1] == stats.new_tokens
+    assert steps == stats.steps == len(stats.accept_lengths) and steps < 29
+    assert 1 + sum(stats.accept_lengths) >= new  # the prefill token plus every step
+    assert stats.acceptance_by_depth()[0] > 0.5
+    naive, new_n, steps_n = model.naivegenerate(ids, max_new_tokens=30, log=True)
+    assert torch.equal(naive, out) and new_n == 30 and steps_n == 29
+
+
+def test_streaming_yields_the_same_tokens():
+    target, head = near_bigram_pair(2)
+    model = EaModel(target, head)
+    ids = prompt(4, 5)
+    chunks = list(model.ea_generate(ids, max_new_tokens=25))
+    assert any(c.numel() > 1 for c in chunks)
+    assert torch.equal(torch.cat([ids[0], *chunks]), model.eagenerate(ids, max_new_tokens=25)[0])
+
+
+@pytest.mark.parametrize("method", ["eagenerate", "naivegenerate"])
+def test_max_new_tokens_and_max_length_are_never_exceeded(method):
+    target, head = near_bigram_pair(3)
+    model = EaModel(target, head)
+    model.eos_ids = set()
+    ids = prompt(9, 6)
+    full = getattr(model, method)(ids, max_new_tokens=40)
+    assert full.shape[1] == 46
+    for limit in range(0, 14):  # cuts fall inside accepted paths
+        out = getattr(model, method)(ids, max_new_tokens=limit)
+        assert torch.equal(out, full[:, : 6 + limit])
+        out = getattr(model, method)(ids, max_new_tokens=100, max_length=6 + limit)
+        assert torch.equal(out, full[:, : 6 + limit])
+    assert torch.equal(getattr(model, method)(ids, max_length=4), ids)  # prompt already too long
+
+
+@pytest.mark.parametrize("method", ["eagenerate", "naivegenerate"])
+def test_eos_stops_generation(method):
+    target, head = near_bigram_pair(3)
+    model = EaModel(target, head)
+    model.eos_ids = set()
+    ids = prompt(9, 6)
+    full = getattr(model, method)(ids, max_new_tokens=40)[0, 6:].tolist()
+    eos = full[7]
+    first = full.index(eos)
+    model.eos_ids = {eos}
+    out = getattr(model, method)(ids, max_new_tokens=40)[0, 6:].tolist()
+    assert out == full[: first + 1]
+
+
+def test_eos_ids_come_from_the_generation_config():
+    target = tiny_llama(0)
+    assert EaModel(target, random_head(target)).eos_ids == {2}
+
+
+def write_eagle_layout(directory, head: DraftHead, target) -> None:
+    """A head as the EAGLE authors publish it: LlamaConfig json, pytorch_model.bin, EAGLE keys."""
+    directory.mkdir()
+    c = head.config
+    cfg = LlamaConfig(hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                      num_attention_heads=c.num_attention_heads, num_key_value_heads=c.num_key_value_heads,
+                      vocab_size=c.vocab_size, rms_norm_eps=c.rms_norm_eps, num_hidden_layers=1,
+                      rope_theta=c.rope_theta, max_position_embeddings=c.max_position_embeddings)
+    raw = cfg.to_dict()
+    raw["bias"] = True
+    (directory / "config.json").write_text(json.dumps(raw))
+    state = dict(head.state_dict())
+    state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().clone()
+    torch.save(state, directory / "pytorch_model.bin")
+
+
+@pytest.mark.parametrize("layout", ["ours", "eagle"])
+def test_from_pretrained_both_head_layouts(tmp_path, layout):
+    target, head = near_bigram_pair(4)
+    target.save_pretrained(tmp_path / "target")
+    if layout == "ours":
+        save_head(tmp_path / "head", head, dtype=torch.float32)
+    else:
+        write_eagle_layout(tmp_path / "head", head, target)
+    model = EaModel.from_pretrained(str(tmp_path / "target"), str(tmp_path / "head"), torch_dtype=torch.float32,
+                                    total_token=10, depth=4, top_k=3)
+    for key, value in head.state_dict().items():
+        assert torch.equal(model.head.state_dict()[key], value), key
+    assert model.head.config.fc_bias
+    ids = prompt(2, 5)
+    assert torch.equal(model.eagenerate(ids, max_new_tokens=20), hf_greedy(target, ids, 20))
+    assert model.tokenizer is None and model.eos_ids == {2}
+
+
+def test_static_and_dynamic_tree_shapes():
+    target = tiny_llama(0)
+    model = EaModel(target, random_head(target), total_token=15, depth=4, top_k=3)
+    state, _ = model._prefill(prompt(0, 5), SamplingParams())
+    tree = model._draft_tree(state)
+    assert tree.size == 15 and int(tree.depths.max()) <= 4
+    assert all(0 <= int(tree.parents[i]) < i for i in range(1, tree.size))
+    model.static = static_tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
+    tree = model._draft_tree(state)
+    assert tree.size == 7
+    # static nodes are the top-k ranks of their parent's draft: [0] and [1] differ, [0,0] != [0,1]
+    assert tree.tokens[1] != tree.tokens[2] and tree.tokens[3] != tree.tokens[4]
+
+
+@pytest.mark.slow
+def test_embedded_target_greedy_equality_random_head():
+    folder = embedded_target_or_skip()
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = EaModel(target, random_head(target), tokenizer)
+    assert 2 in model.eos_ids  # <|im_end|>
+    questions = ["What is the capital of France?", "Write a haiku about the sea.", "Explain recursion briefly."]
+    for q in questions:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                            return_tensors="pt")["input_ids"]
+        start = time.perf_counter()
+        ref = target.generate(ids, do_sample=False, max_new_tokens=32, attention_mask=torch.ones_like(ids))
+        hf_seconds = time.perf_counter() - start
+        out = model.eagenerate(ids, max_new_tokens=32)
+        stats = model.last_stats
+        print(f"\n{q!r}: tau {stats.tau:.2f}, {stats.tokens_per_second:.1f} tok/s "
+              f"(HF generate {(ref.shape[1] - ids.shape[1]) / hf_seconds:.1f} tok/s)")
+        assert torch.equal(out, ref)

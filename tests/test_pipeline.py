@@ -1,0 +1,126 @@
+"""data_prep end to end on a tiny random target with the embedded default's tokenizer."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from transformers import AutoModelForCausalLM
+
+from conftest import embedded_target_or_skip, tiny_llama
+from data_prep import pipeline
+from data_prep.store import FeatureStore, read_manifest
+from eagle.targets import load_tokenizer
+
+CONF = str(Path(__file__).resolve().parents[1] / "conf")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    """A tiny random Llama saved with a real ChatML tokenizer."""
+    embedded = embedded_target_or_skip()
+    out = tmp_path_factory.mktemp("tiny_target")
+    tok = load_tokenizer(embedded)
+    model = tiny_llama(seed=3, vocab_size=len(tok), hidden_size=64)
+    model.config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def chats(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "chats.jsonl"
+    rows = []
+    for i in range(23):
+        turns = [{"from": "human", "value": f"Question {i}: what is {i} plus {i}?"},
+                 {"from": "gpt", "value": f"{i} plus {i} is {2 * i}. " * (1 + i % 4)}]
+        if i % 5 == 0:
+            turns = []  # counted as skipped
+        rows.append({"id": str(i), "conversations": turns})
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+def config(tiny_dir, chats, out, **extra):
+    overrides = ["+model=smollm2_135m", f"model.path={tiny_dir}", "model.dtype=float32", f"data.source={chats}",
+                 "data.shard_records=4", "data.batch_tokens=256", f"output_dir={out}"]
+    overrides += [f"{k}={v}" for k, v in extra.items()]
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        return compose(config_name="data_prep", overrides=overrides)
+
+
+def test_store_counts_mask_and_features(tiny_dir, chats, tmp_path):
+    out = pipeline.prepare(config(tiny_dir, chats, tmp_path / "s"))
+    m = read_manifest(out)
+    assert m["complete"] and m["source"]["read"] == 23 and m["source"]["kept"] == 18
+    assert m["source"]["skipped"] == {"empty": 5}
+    assert len(m["shards"]) == m["expected_shards"] == 5
+    store = FeatureStore(out)
+    tok = load_tokenizer(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    for i in (0, 7, len(store) - 1):
+        rec = store[i]
+        with torch.no_grad():
+            fresh = model(rec.input_ids[None], output_hidden_states=True).hidden_states[-1][0]
+        assert (fresh - rec.hidden_states.float()).abs().max() < 1e-5
+        text = tok.decode(rec.input_ids[rec.loss_mask])
+        assert "plus" in text and "Question" not in text and "user" not in text and text.endswith("<|im_end|>")
+
+
+def test_interrupted_run_resumes_and_matches(tiny_dir, chats, tmp_path, monkeypatch):
+    whole = pipeline.prepare(config(tiny_dir, chats, tmp_path / "whole"))
+    calls = {"n": 0}
+    real = pipeline.write_shard
+
+    def crash_after_two(*args, **kwargs):
+        if calls["n"] == 2:
+            raise KeyboardInterrupt
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(pipeline, "write_shard", crash_after_two)
+    cfg = config(tiny_dir, chats, tmp_path / "cut")
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.prepare(cfg)
+    partial = read_manifest(tmp_path / "cut")
+    assert not partial["complete"] and len(partial["shards"]) == 2
+    kept = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cut").glob("shard-*")}
+    monkeypatch.setattr(pipeline, "write_shard", real)
+    pipeline.prepare(cfg)
+    resumed = read_manifest(tmp_path / "cut")
+    for name, mtime in kept.items():
+        assert (tmp_path / "cut" / name).stat().st_mtime_ns == mtime  # reused, not recomputed
+    assert [s["sha256"] for s in resumed["shards"]] == [s["sha256"] for s in read_manifest(whole)["shards"]]
+
+
+def test_other_settings_in_same_dir_are_refused(tiny_dir, chats, tmp_path):
+    pipeline.prepare(config(tiny_dir, chats, tmp_path / "s", **{"data.limit": 4}))
+    with pytest.raises(ValueError, match="other settings"):
+        pipeline.prepare(config(tiny_dir, chats, tmp_path / "s", **{"data.limit": 5}))
+
+
+def test_extra_feature_layers_are_stored(tiny_dir, chats, tmp_path):
+    out = pipeline.prepare(config(tiny_dir, chats, tmp_path / "s", **{"model.feature_layers": "[1,-1]", "data.limit": 3}))
+    rec = FeatureStore(out)[0]
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    with torch.no_grad():
+        hs = model(rec.input_ids[None], output_hidden_states=True).hidden_states
+    assert torch.allclose(rec.aux_hidden_states.float(), hs[1][0], atol=1e-5)
+    assert torch.allclose(rec.hidden_states.float(), hs[-1][0], atol=1e-5)
+
+
+def test_regenerated_replies_are_the_targets_own(tiny_dir, chats, tmp_path):
+    cfg = config(tiny_dir, chats, tmp_path / "r", **{"data.limit": 6, "data.regenerate": "true",
+                                                     "data.regen.max_new_tokens": 8, "data.regen.batch_size": 3})
+    out = pipeline.prepare(cfg)
+    lines = [json.loads(x) for p in sorted((out / "regenerated").glob("chunk-*.jsonl")) for x in p.read_text().splitlines()]
+    assert len(lines) == 4  # 6 read, 2 empty
+    tok = load_tokenizer(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    first = lines[0]["messages"]
+    prompt = tok.apply_chat_template(first[:1], add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    greedy = model.generate(**prompt, max_new_tokens=8, do_sample=False)[0, prompt["input_ids"].shape[1]:]
+    assert first[1]["content"] == tok.decode(greedy, skip_special_tokens=True).split("<|im_end|>")[0].strip()
+    assert FeatureStore(out).manifest["source"]["regenerated"] is True

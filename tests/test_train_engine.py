@@ -1,0 +1,140 @@
+"""End-to-end training on a tiny store: ZeRO 0/2/3, resume, export, W&B, CLI, torchrun.
+
+The target is a tiny random Llama saved with save_pretrained (so resolve_target(path)
+works) and the store holds its last hidden states over random token sequences.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from safetensors.torch import load_file
+
+from conftest import tiny_llama
+from eagle.checkpoint import load_head
+from train.config import validate
+from train.testing import write_tiny_store
+from train.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parent.parent
+CONF = ROOT / "conf"
+PY = sys.executable
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    """(target_dir, store_dir) shared by the tests of this module."""
+    base = tmp_path_factory.mktemp("tiny")
+    model = tiny_llama(seed=0)
+    model.save_pretrained(base / "target")
+    write_tiny_store(model, base / "store", records=48, target_path=str(base / "target"))
+    return base / "target", base / "store"
+
+
+def overrides(tiny, out: Path, *extra: str) -> list[str]:
+    target, store = tiny
+    return [
+        "+model=smollm2_135m", f"model.path={target}", f"store_dir={store}", f"output_dir={out}",
+        "wandb.mode=disabled", "train.batch_tokens=256", "train.lr=3e-3", "train.warmup_steps=3",
+        "train.eval_fraction=0.2", "train.log_every=5", "train.eval_every=0", "train.save_every=0",
+        "train.progress=false", *extra,
+    ]
+
+
+def make_cfg(tiny, out: Path, *extra: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return validate(compose(config_name="config", overrides=overrides(tiny, out, *extra)))
+
+
+@pytest.mark.parametrize("deepspeed", ["zero0_bf16", "zero2_bf16", "zero3_bf16"])
+def test_loss_falls_with_each_zero_stage(tiny, tmp_path, deepspeed):
+    trainer = Trainer(make_cfg(tiny, tmp_path, f"deepspeed={deepspeed}", "train.max_steps=30"))
+    assert trainer.engine.zero_optimization_stage() == int(deepspeed[4])
+    before = trainer.evaluate()
+    result = trainer.fit()
+    after = result.eval_metrics
+    assert result.step == 30 and not result.stopped
+    assert after["feature_loss"] < 0.92 * before["feature_loss"], (before, after)
+    assert after["token_loss"] < before["token_loss"], (before, after)
+    assert (tmp_path / "head" / "model.safetensors").exists()
+    assert (tmp_path / "checkpoints" / "step00000030").is_dir()
+
+
+def test_resume_continues_at_same_step_with_same_batches(tiny, tmp_path):
+    """Stopped at step 4 and resumed == uninterrupted 8 steps: same batches, same weights."""
+    common = ("train.max_steps=8", "train.save_every=2", "train.keep_last=2", "deepspeed=zero0_fp32",
+              "train.export_dtype=float32")
+    straight = Trainer(make_cfg(tiny, tmp_path / "a", *common))
+    straight.record_batches = True
+    straight.fit()
+
+    first = Trainer(make_cfg(tiny, tmp_path / "b", *common, "train.stop_after=5"))
+    first.record_batches = True
+    stopped = first.fit()
+    assert stopped.stopped and stopped.step == 5 and not (tmp_path / "b" / "head").exists()
+    ckpts = sorted(p.name for p in (tmp_path / "b" / "checkpoints").glob("step*"))
+    assert ckpts == ["step00000004", "step00000005"]  # keep_last=2 pruned step 2
+
+    second = Trainer(make_cfg(tiny, tmp_path / "b", *common))
+    assert second.step == 5  # train.resume=auto picked up the latest checkpoint
+    second.record_batches = True
+    second.fit()
+    assert first.seen_batches + second.seen_batches == straight.seen_batches
+    a = load_file(str(tmp_path / "a" / "head" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "head" / "model.safetensors"))
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_exported_head_reproduces_trained_module(tiny, tmp_path):
+    trainer = Trainer(make_cfg(tiny, tmp_path, "train.max_steps=3", "wandb.mode=offline"))
+    result = trainer.fit()
+    head = load_head(result.head_dir, dtype=torch.bfloat16)
+    module = trainer.engine.module.eval()
+    torch.manual_seed(0)
+    h = head.config.hidden_size
+    feats, embeds = torch.randn(2, 9, h).to(torch.bfloat16), torch.randn(2, 9, h).to(torch.bfloat16)
+    pos = torch.arange(9).expand(2, -1)
+    with torch.no_grad():
+        assert torch.equal(head(feats, embeds, pos)[0], module(feats, embeds, pos)[0])
+    card = (result.head_dir / "README.md").read_text()
+    assert "EaModel.from_pretrained" in card and "top1" in card and str(tiny[0]) in card
+    assert sorted(p.name for p in result.head_dir.iterdir()) == ["README.md", "config.json", "model.safetensors"]
+    assert set(load_file(str(result.head_dir / "model.safetensors"))) == set(head.state_dict())
+    assert list((tmp_path / "wandb").glob("offline-run-*")), "wandb offline run under output_dir"
+
+
+def test_cli_prints_complete_config_for_vicuna():
+    out = subprocess.run([PY, "-m", "train", "+model=vicuna7b", "--cfg", "job"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "???" not in out.stdout and "lr: 3.0e-05" in out.stdout and "stage: 0" in out.stdout
+
+
+@pytest.mark.slow
+def test_cli_trains_end_to_end(tiny, tmp_path):
+    out = subprocess.run([PY, "-m", "train", *overrides(tiny, tmp_path, "train.max_steps=4")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "done: 4 steps" in out.stderr and (tmp_path / "head" / "config.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("deepspeed", ["zero2_bf16", "zero3_bf16"])
+def test_torchrun_two_processes(tiny, tmp_path, deepspeed):
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0", "-m", "train",
+           *overrides(tiny, tmp_path, f"deepspeed={deepspeed}", "train.max_steps=4", "train.save_every=2")]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400, env=env)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "done: 4 steps" in out.stderr
+    head = load_head(tmp_path / "head")
+    assert head.config.hidden_size == 64
+    ckpt = tmp_path / "checkpoints" / "step00000004"
+    assert len(list(ckpt.glob("*optim_states.pt"))) == 2  # one optimizer shard per rank

@@ -1,0 +1,185 @@
+"""Unit tests of the trainer's pieces: loss, pairing, batching, split, schedule, configs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from train.config import validate
+from train.data import BatchPlan, collate, length_batches, split_indices
+from train.engine import compute_dtype, ds_config, lr_lambda
+from train.loss import eagle_loss, make_pairs, summarize, uniform_noise
+from data_prep.store import Record
+
+CONF = Path(__file__).resolve().parent.parent / "conf"
+MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+DEEPSPEED = sorted(p.stem for p in (CONF / "deepspeed").glob("*.yaml"))
+
+
+def compose_train(overrides: list[str]):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=overrides)
+
+
+# ------------------------------------------------------------------ loss
+
+
+def test_loss_counts_only_masked_pairs():
+    torch.manual_seed(0)
+    pred, target = torch.randn(2, 5, 8), torch.randn(2, 5, 8)
+    lm_head = torch.randn(11, 8)
+    mask = torch.tensor([[1, 1, 0, 0, 0], [0, 0, 0, 1, 0]], dtype=torch.bool)
+    out = eagle_loss(pred, target, mask, lm_head, v_w=1.0, p_w=0.1)
+    # Changing unmasked positions changes nothing.
+    pred2, target2 = pred.clone(), target.clone()
+    pred2[~mask] = 100.0
+    target2[~mask] = -100.0
+    out2 = eagle_loss(pred2, target2, mask, lm_head, v_w=1.0, p_w=0.1)
+    assert torch.allclose(out.loss, out2.loss)
+    # Reference: explicit per-position computation, averaged over the 3 masked pairs.
+    rows = mask.nonzero().tolist()
+    f = torch.stack([F.smooth_l1_loss(pred[b, s], target[b, s]) for b, s in rows]).mean()
+    p = torch.softmax(target @ lm_head.T, -1)
+    logq = torch.log_softmax(pred @ lm_head.T, -1)
+    ce = torch.stack([-(p[b, s] * logq[b, s]).sum() for b, s in rows]).mean()
+    assert torch.allclose(out.feature_loss, f, atol=1e-6)
+    assert torch.allclose(out.token_loss, ce, atol=1e-5)
+    assert torch.allclose(out.loss, f + 0.1 * ce, atol=1e-5)
+    assert float(out.sums["n"]) == 3
+
+
+def test_loss_gradients_only_reach_masked_rows_and_accuracy():
+    torch.manual_seed(1)
+    lm_head = torch.randn(7, 4)
+    target = torch.randn(1, 3, 4)
+    pred = target.clone().requires_grad_(True)  # a perfect draft
+    mask = torch.tensor([[True, False, True]])
+    out = eagle_loss(pred, target, mask, lm_head, topk=3)
+    out.loss.backward()
+    assert pred.grad[0, 1].abs().sum() == 0
+    stats = summarize(out.sums, topk=3)
+    assert stats["top1"] == 1.0 and stats["top3"] == 1.0 and stats["feature_loss"] == 0.0
+
+
+def test_loss_with_no_masked_pair_is_zero_and_differentiable():
+    pred = torch.randn(1, 3, 4, requires_grad=True)
+    out = eagle_loss(pred, torch.randn(1, 3, 4), torch.zeros(1, 3, dtype=torch.bool), torch.randn(5, 4))
+    out.loss.backward()
+    assert float(out.loss.detach()) == 0.0 and summarize(out.sums) == {}
+
+
+def test_pairs_shift_feature_token_and_mask():
+    ids = torch.tensor([[10, 11, 12, 13]])
+    mask = torch.tensor([[0, 0, 1, 1]], dtype=torch.bool)
+    hidden = torch.arange(4.0).view(1, 4, 1).expand(1, 4, 2)
+    p = make_pairs(ids, mask, hidden)
+    assert p.features[0, :, 0].tolist() == [0.0, 1.0, 2.0]  # f_t
+    assert p.next_ids.tolist() == [[11, 12, 13]]  # x_{t+1}
+    assert p.target[0, :, 0].tolist() == [1.0, 2.0, 3.0]  # f_{t+1}
+    assert p.mask.tolist() == [[False, True, True]]  # loss_mask[t+1]
+    assert p.position_ids.tolist() == [[0, 1, 2]]
+
+
+def test_uniform_noise_range_and_determinism():
+    x = torch.zeros(2, 100, 8)
+    a = uniform_noise(x, 0.2, generator=torch.Generator().manual_seed(3))
+    b = uniform_noise(x, 0.2, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(a, b) and a.abs().max() <= 0.1 and a.abs().max() > 0.05
+    scaled = uniform_noise(x, 0.2, ref_len=50, generator=torch.Generator().manual_seed(3))
+    assert torch.allclose(scaled, a * 0.5)
+    assert torch.equal(uniform_noise(x, 0.0), x)
+
+
+# ------------------------------------------------------------------ data
+
+
+def _record(n: int, h: int = 3) -> Record:
+    return Record(torch.arange(n), torch.ones(n, dtype=torch.uint8), torch.randn(n, h).to(torch.bfloat16))
+
+
+def test_collate_pads_on_the_right():
+    batch = collate([_record(3), _record(5)])
+    assert batch.input_ids.shape == (2, 5) and batch.hidden.shape == (2, 5, 3)
+    assert batch.loss_mask[0].tolist() == [True, True, True, False, False]
+    assert batch.num_pairs == 2 + 4
+
+
+def test_length_batches_respect_budget_and_cover_everything():
+    lengths = [5, 40, 7, 33, 12, 12, 60, 3, 25, 100]
+    batches = length_batches(range(len(lengths)), lengths, batch_tokens=64, seed=1)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        assert len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 64
+    assert batches == length_batches(range(len(lengths)), lengths, batch_tokens=64, seed=1)
+    assert batches != length_batches(range(len(lengths)), lengths, batch_tokens=64, seed=2)
+
+
+def test_split_is_deterministic_disjoint_and_about_five_percent():
+    lengths = [10] * 200 + [1]  # a 1-token record makes no pair: never used
+    train, held = split_indices(lengths, 0.05, seed=0)
+    assert len(held) == 10 and not set(train) & set(held) and 200 not in train + held
+    assert (train, held) == split_indices(lengths, 0.05, seed=0)
+    assert held != split_indices(lengths, 0.05, seed=1)[1]
+
+
+def test_batch_plan_resumes_mid_epoch_and_deals_ranks():
+    lengths = [8 + (i % 7) for i in range(30)]
+    plan = BatchPlan(range(30), lengths, batch_tokens=32, seed=0)
+    full = [b for _, b in zip(range(3 * plan.per_epoch), plan.from_step(0))]
+    k = plan.per_epoch + 2
+    assert [b for _, b in zip(range(len(full) - k), plan.from_step(k))] == full[k:]
+    assert full[:plan.per_epoch] != full[plan.per_epoch:2 * plan.per_epoch]  # reshuffled per epoch
+    r0 = BatchPlan(range(30), lengths, 32, 0, rank=0, world_size=2).epoch(0)
+    r1 = BatchPlan(range(30), lengths, 32, 0, rank=1, world_size=2).epoch(0)
+    assert len(r0) == len(r1) and not {i for b in r0 for i in b} & {i for b in r1 for i in b}
+
+
+# ------------------------------------------------------------------ schedule and engine config
+
+
+def test_lr_schedule_warmup_then_decay():
+    f = lr_lambda(warmup=4, total=14, schedule="linear", min_ratio=0.1)
+    assert f(0) < f(1) < f(3) <= 1.0
+    assert f(4) == pytest.approx(1.0) and f(14) == pytest.approx(0.1) and f(100) == pytest.approx(0.1)
+    cos = lr_lambda(4, 14, "cosine", 0.0)
+    assert cos(9) == pytest.approx(0.5)
+    assert lr_lambda(4, 14, "constant", 0.0)(13) == 1.0
+
+
+# ------------------------------------------------------------------ configs
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("deepspeed", DEEPSPEED)
+def test_every_model_and_deepspeed_file_composes(model, deepspeed):
+    cfg = validate(compose_train([f"+model={model}", f"deepspeed={deepspeed}"]))
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert not OmegaConf.missing_keys(cfg), OmegaConf.missing_keys(cfg)
+    assert resolved["train"]["p_w"] == 0.1 and resolved["store_dir"]
+    conf = ds_config(cfg)
+    assert conf["zero_optimization"]["stage"] in (0, 2, 3)
+    assert conf["gradient_clipping"] == 0.5
+    assert compute_dtype(conf) == (torch.float32 if "fp32" in deepspeed else torch.bfloat16)
+
+
+def test_embedded_default_has_its_own_training_values():
+    cfg = validate(compose_train(["+model=smollm2_135m"]))
+    big = validate(compose_train(["+model=vicuna7b"]))
+    assert big.train.lr == pytest.approx(3e-5) and tuple(big.train.betas) == (0.9, 0.95)
+    assert cfg.train.lr == pytest.approx(5e-4) and cfg.train.noise == pytest.approx(0.2)
+
+
+def test_validate_rejects_bad_values():
+    with pytest.raises(ValueError, match=r"\+model"):
+        validate(compose_train([]))
+    with pytest.raises(ValueError, match="schedule"):
+        validate(compose_train(["+model=vicuna7b", "train.schedule=exp"]))
+    with pytest.raises(ValueError, match="repo_id"):
+        validate(compose_train(["+model=vicuna7b", "hub.push=true"]))
+    with pytest.raises(Exception):
+        validate(compose_train(["+model=vicuna7b", "+train.no_such_key=1"]))

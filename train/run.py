@@ -1,0 +1,58 @@
+"""One command, the whole job: make sure the feature store exists, train, export, push."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from data_prep.store import is_complete
+from train.config import validate
+
+log = logging.getLogger("train")
+
+
+def ensure_store(cfg: DictConfig) -> Path:
+    """Run data_prep into cfg.store_dir when it is missing or incomplete.
+
+    Every rank calls it: data_prep splits the shards over the ranks of a torchrun job itself.
+    """
+    store_dir = Path(cfg.store_dir)
+    if is_complete(store_dir):
+        return store_dir
+    from data_prep.pipeline import prepare  # lazy: data_prep is only needed to build stores
+
+    log.info("feature store %s is missing or incomplete: running data_prep", store_dir)
+    prepare(OmegaConf.merge(cfg, {"output_dir": str(store_dir)}))
+    if not is_complete(store_dir):
+        raise RuntimeError(f"data_prep finished but {store_dir} is still incomplete")
+    return store_dir
+
+
+def run(cfg: DictConfig):
+    """Train a head as configured; returns train.trainer.FitResult."""
+    from train.trainer import Trainer
+
+    cfg = validate(cfg)
+    ensure_store(cfg)
+    trainer = Trainer(cfg)
+    result = trainer.fit()
+    if trainer.rank == 0:
+        _report(result)
+        if cfg.hub.push and not result.stopped:
+            from train.publish import publish
+
+            url = publish(result.head_dir, cfg.hub.repo_id, private=cfg.hub.private, endpoint=cfg.hub.endpoint)
+            print(f"pushed {result.head_dir} to {url}", file=sys.stderr)
+    return result
+
+
+def _report(result) -> None:
+    if result.stopped:
+        print(f"stopped at step {result.step} (train.stop_after); resume with train.resume=auto", file=sys.stderr)
+        return
+    metrics = ", ".join(f"{k}={v:.4f}" for k, v in result.eval_metrics.items())
+    print(f"done: {result.step} steps; eval {metrics or '(no held-out data)'}; head in {result.head_dir}",
+          file=sys.stderr)

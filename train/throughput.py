@@ -1,0 +1,79 @@
+"""Trainer efficiency: tokens/s of the full training loop over a bare forward+backward.
+
+    python -m train.throughput +model=smollm2_135m [throughput.steps=20 throughput.warmup=3 ...]
+
+Runs the real Trainer (DeepSpeed engine, data loading, noise, loss, optimizer, metrics) for
+warmup + steps optimizer steps into a temporary output_dir, then times a plain torch
+forward + loss + backward of a fresh head (same dtype) on the very same micro-batches,
+already collated in memory. Prints both rates and their ratio (goal: >= 0.85).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from eagle.draft import DraftHead
+from train.data import collate
+from train.loss import eagle_loss, make_pairs, uniform_noise
+
+
+def bare_tokens_per_s(trainer, batches: list[list[int]]) -> float:
+    """Pairs/s of forward + EAGLE loss + backward of a plain head over pre-collated batches."""
+    t = trainer.cfg.train
+    head = DraftHead(trainer.draft_config).to(trainer.dtype).train()
+    collated = [collate([trainer.store[i] for i in b]) for b in batches]
+    pairs = sum(b.num_pairs for b in collated)
+    gen = torch.Generator().manual_seed(0)
+    start = time.perf_counter()
+    for batch in collated:
+        p = make_pairs(batch.input_ids, batch.loss_mask, batch.hidden)
+        features = uniform_noise(p.features, t.noise, t.noise_ref_len, gen).to(trainer.dtype)
+        pred, _ = head(features, trainer.frozen.embed_tokens(p.next_ids), p.position_ids)
+        out = eagle_loss(pred, p.target, p.mask, trainer.frozen.lm_head, t.v_w, t.p_w, t.topk)
+        out.loss.backward()
+    return pairs / (time.perf_counter() - start)
+
+
+def measure(cfg: DictConfig, steps: int = 20, warmup: int = 3) -> dict[str, float]:
+    """Run the trainer for warmup + steps and compare with the bare loop on the same batches."""
+    from train.config import validate
+    from train.run import ensure_store
+    from train.trainer import Trainer
+
+    cfg = validate(cfg)
+    ensure_store(cfg)
+    with tempfile.TemporaryDirectory(prefix="eagle-throughput-") as out:
+        with open_dict(cfg):
+            cfg.output_dir = out
+            cfg.train.update(max_steps=warmup + steps, stop_after=None, save_every=0, eval_every=0,
+                             resume="none", eval_max_batches=1, log_every=10**9, progress=False)
+            cfg.wandb.mode = "disabled"
+        trainer = Trainer(cfg)
+        trainer.record_batches = True
+        trainer.fit()
+        timed = trainer.step_times[warmup:]
+        trainer_rate = sum(p for p, _ in timed) / sum(s for _, s in timed)
+        ga = cfg.train.grad_accum
+        bare_rate = bare_tokens_per_s(trainer, trainer.seen_batches[warmup * ga:])
+    return {"trainer_tokens_per_s": trainer_rate, "bare_tokens_per_s": bare_rate, "ratio": trainer_rate / bare_rate,
+            "steps": steps, "dtype": str(trainer.dtype), "world_size": trainer.world}
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    extra = OmegaConf.to_container(cfg.get("throughput") or {})
+    with open_dict(cfg):
+        cfg.pop("throughput", None)
+    result = measure(cfg, steps=int(extra.get("steps", 20)), warmup=int(extra.get("warmup", 3)))
+    print(json.dumps(result, indent=2), file=sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

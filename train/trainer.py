@@ -1,0 +1,353 @@
+"""The training loop: store -> batches -> DeepSpeed engine -> checkpoints -> exported head.
+
+    trainer = Trainer(cfg)   # process group, store, frozen target matrices, engine, resume
+    result = trainer.fit()   # train, evaluate, checkpoint, export output_dir/head
+
+Resume: every `save_every` steps (and at the end) a DeepSpeed checkpoint goes to
+output_dir/checkpoints/stepNNNNNNNN with the step in its client state. The batch plan and
+the input noise depend only on (seed, micro-step), so a resumed run sees the same batches
+and the same noise as an uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from itertools import islice
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from omegaconf import DictConfig, OmegaConf
+
+from data_prep.store import FeatureStore
+from eagle.draft import DraftConfig, DraftHead
+from train.data import Batch, BatchPlan, length_batches, loader, split_indices
+from train.engine import build_engine, compute_dtype, ds_config, full_state_dict, init_distributed
+from train.export import CardInfo, export_head, model_card
+from train.frozen import Frozen, load_frozen
+from train.loss import LossOutput, eagle_loss, make_pairs, summarize, uniform_noise
+
+log = logging.getLogger("train")
+CHECKPOINTS = "checkpoints"
+HEAD = "head"
+STAT_KEYS = ("n", "feature", "token", "top1", "topk", "pairs")
+
+
+@dataclass
+class FitResult:
+    step: int
+    stopped: bool  # True when train.stop_after ended the run early (no export)
+    train_metrics: dict[str, float] = field(default_factory=dict)
+    eval_metrics: dict[str, float] = field(default_factory=dict)
+    head_dir: Path | None = None
+
+
+class Trainer:
+    """One training run of a draft head, on every rank of the process group."""
+
+    def __init__(self, cfg: DictConfig):
+        self.cfg, t = cfg, cfg.train
+        self.rank, self.world = init_distributed()
+        self.output_dir = Path(cfg.output_dir)
+        self.ckpt_dir = self.output_dir / CHECKPOINTS
+        self.store = FeatureStore(cfg.store_dir)
+        self.target_dir = _resolve_target(cfg.model.path)
+        self.draft_config = _draft_config(self.target_dir, cfg)
+        if self.store.hidden_size != self.draft_config.hidden_size:
+            raise ValueError(
+                f"{cfg.store_dir}: features have hidden size {self.store.hidden_size}, "
+                f"target {cfg.model.path} has {self.draft_config.hidden_size}"
+            )
+        self.ds_conf = ds_config(cfg)
+        self.dtype = compute_dtype(self.ds_conf)
+        self.frozen: Frozen = load_frozen(self.target_dir, self.dtype)
+        self.lengths = self.store.lengths()
+        self.train_idx, self.eval_idx = split_indices(self.lengths, t.eval_fraction, cfg.seed)
+        self.plan = BatchPlan(self.train_idx, self.lengths, t.batch_tokens, cfg.seed, self.rank, self.world)
+        self.steps_per_epoch = max(1, self.plan.per_epoch // t.grad_accum)
+        self.total_steps = int(t.max_steps or t.epochs * self.steps_per_epoch)
+        torch.manual_seed(cfg.seed)
+        self.engine = build_engine(DraftHead(self.draft_config), cfg, self.total_steps)
+        self.step = 0  # optimizer steps done
+        self.wandb_id: str | None = None
+        self.step_times: list[tuple[int, float]] = []  # (pairs on this rank, seconds) per step
+        self.record_batches = False  # throughput measurement: keep the micro-batches seen
+        self.seen_batches: list[list[int]] = []
+        self._saved_step = -1
+        self._maybe_resume()
+
+    # ---------------------------------------------------------------- steps
+
+    def micro_step(self, batch: Batch, micro: int) -> LossOutput:
+        """Forward, loss and backward of one micro-batch; the engine steps at accumulation boundaries."""
+        t = self.cfg.train
+        p = make_pairs(batch.input_ids, batch.loss_mask, batch.hidden)
+        gen = torch.Generator().manual_seed(_noise_seed(self.cfg.seed, micro, self.rank))
+        features = uniform_noise(p.features, t.noise, t.noise_ref_len, gen).to(self.dtype)  # [B, S-1, H]
+        embeds = self.frozen.embed_tokens(p.next_ids)  # [B, S-1, H]
+        pred, _ = self.engine(features, embeds, p.position_ids)  # [B, S-1, H]
+        out = eagle_loss(pred, p.target, p.mask, self.frozen.lm_head, t.v_w, t.p_w, t.topk)
+        self.engine.backward(out.loss)
+        self.engine.step()
+        return out
+
+    def fit(self) -> FitResult:
+        """Train to total_steps (or stop_after), then evaluate, checkpoint and export."""
+        t = self.cfg.train
+        ga = t.grad_accum
+        wb = self._wandb_start()
+        remaining = max(0, self.total_steps - self.step)
+        batches = islice(self.plan.from_step(self.step * ga), remaining * ga)
+        if self.record_batches:
+            batches = _recording(batches, self.seen_batches)
+        bar = _progress(self.total_steps, self.step, enabled=t.progress and self.rank == 0)
+        window = _zeros()
+        train_metrics: dict[str, float] = {}
+        micro, window_start, step_start = self.step * ga, time.perf_counter(), time.perf_counter()
+        step_pairs = 0
+        self.engine.train()
+        for batch in loader(self.store, batches, t.num_workers):
+            out = self.micro_step(batch, micro)
+            micro += 1
+            step_pairs += batch.num_pairs
+            _accumulate(window, out.sums, batch.num_pairs)
+            if micro % ga:
+                continue
+            self.step += 1
+            now = time.perf_counter()
+            self.step_times.append((step_pairs, now - step_start))
+            step_start, step_pairs = now, 0
+            bar.update(1)
+            if self.step % t.log_every == 0 or self.step == self.total_steps:
+                train_metrics = self._log_window(window, now - window_start, bar, wb)
+                window, window_start = _zeros(), time.perf_counter()
+            if t.eval_every and self.step % t.eval_every == 0 and self.step < self.total_steps:
+                self._log(wb, {f"eval/{k}": v for k, v in self.evaluate().items()})
+            if t.save_every and self.step % t.save_every == 0:
+                self.save()
+            if t.stop_after and self.step >= t.stop_after and self.step < self.total_steps:
+                if self._saved_step != self.step:
+                    self.save()
+                bar.close()
+                self._wandb_finish(wb)
+                return FitResult(self.step, True, train_metrics)
+        bar.close()
+        if self._saved_step != self.step:
+            self.save()
+        eval_metrics = self.evaluate()
+        self._log(wb, {f"eval/{k}": v for k, v in eval_metrics.items()})
+        head_dir = self.export(train_metrics, eval_metrics)
+        self._wandb_finish(wb, eval_metrics)
+        return FitResult(self.step, False, train_metrics, eval_metrics, head_dir)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Held-out metrics (no noise), summed over all ranks. Every rank runs as many forwards."""
+        t = self.cfg.train
+        batches = length_batches(self.eval_idx, self.lengths, t.batch_tokens, seed=None)
+        if not batches:
+            return {}
+        per_rank = -(-len(batches) // self.world)
+        if t.eval_max_batches:
+            per_rank = min(per_rank, t.eval_max_batches)
+        mine = batches[self.rank::self.world][:per_rank]
+        real = len(mine)
+        mine += [batches[0]] * (per_rank - real)  # ZeRO-3 gathers are collective: keep ranks in step
+        sums = _zeros()
+        self.engine.eval()
+        for i, batch in enumerate(loader(self.store, mine)):
+            p = make_pairs(batch.input_ids, batch.loss_mask, batch.hidden)
+            pred, _ = self.engine(p.features.to(self.dtype), self.frozen.embed_tokens(p.next_ids), p.position_ids)
+            out = eagle_loss(pred, p.target, p.mask, self.frozen.lm_head, t.v_w, t.p_w, t.topk)
+            if i < real:
+                _accumulate(sums, out.sums, batch.num_pairs)
+        self.engine.train()
+        sums = _all_reduce(sums)
+        return summarize(sums, t.topk)
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def save(self) -> Path:
+        """DeepSpeed checkpoint of this step (all ranks), then prune to train.keep_last."""
+        tag = f"step{self.step:08d}"
+        state = {"step": self.step, "micro_step": self.step * self.cfg.train.grad_accum,
+                 "world_size": self.world, "seed": self.cfg.seed, "wandb_id": self.wandb_id}
+        self.engine.save_checkpoint(str(self.ckpt_dir), tag=tag, client_state=state)
+        self._saved_step = self.step
+        if self.rank == 0:
+            prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_last)
+        dist.barrier()
+        return self.ckpt_dir / tag
+
+    def _maybe_resume(self) -> None:
+        resume = str(self.cfg.train.resume)
+        if resume == "none":
+            return
+        if resume == "auto":
+            if not (self.ckpt_dir / "latest").exists():
+                return
+            load_dir, tag = self.ckpt_dir, None
+        else:
+            path = Path(resume)
+            load_dir, tag = (path, None) if (path / "latest").exists() else (path.parent, path.name)
+        load_path, client = self.engine.load_checkpoint(str(load_dir), tag=tag)
+        if load_path is None:
+            raise FileNotFoundError(f"no DeepSpeed checkpoint to resume in {load_dir} (tag {tag})")
+        if client.get("world_size", self.world) != self.world:
+            raise ValueError(f"{load_path}: saved with {client['world_size']} ranks, resuming with {self.world}: "
+                             "the data order would differ")
+        self.step = self._saved_step = int(client["step"])
+        self.wandb_id = client.get("wandb_id")
+        if self.rank == 0:
+            log.info("resumed %s at step %d", load_path, self.step)
+
+    def export(self, train_metrics: dict, eval_metrics: dict) -> Path | None:
+        """Write output_dir/head (EAGLE layout + model card) from the full weights; rank 0 writes."""
+        state = full_state_dict(self.engine)  # collective under ZeRO-3
+        head_dir = self.output_dir / HEAD
+        if self.rank == 0:
+            card = model_card(self.card_info(train_metrics, eval_metrics), self.cfg.hub.repo_id)
+            export_head(head_dir, state, self.draft_config, card, getattr(torch, self.cfg.train.export_dtype))
+        dist.barrier()
+        return head_dir
+
+    def card_info(self, train_metrics: dict, eval_metrics: dict) -> CardInfo:
+        m = self.store.manifest
+        metrics = {f"eval_{k}": v for k, v in eval_metrics.items()}
+        metrics.update({f"train_{k}": v for k, v in train_metrics.items() if k != "tokens_per_s"})
+        return CardInfo(
+            target=str(self.cfg.model.path), target_name=str(self.cfg.model.name),
+            data=f"{self.cfg.data.name} ({self.cfg.store_dir})",
+            store_records=int(m.get("records", len(self.store))), store_tokens=int(m.get("tokens", 0)),
+            steps=self.step, epochs=self.step / self.steps_per_epoch, metrics=metrics,
+            config=OmegaConf.to_container(self.cfg.train, resolve=True), code_version=code_version(),
+        )
+
+    # ---------------------------------------------------------------- logging
+
+    def _log_window(self, window: dict, seconds: float, bar, wb) -> dict[str, float]:
+        sums = _all_reduce(window)
+        metrics = summarize(sums, self.cfg.train.topk)
+        metrics["tokens_per_s"] = float(sums["pairs"]) / max(seconds, 1e-9)
+        metrics["lr"] = float(self.engine.get_lr()[0])
+        if self.rank == 0:
+            bar.set_postfix(loss=f"{metrics.get('feature_loss', 0):.4f}", top1=f"{metrics.get('top1', 0):.3f}",
+                            tok_s=f"{metrics['tokens_per_s']:.0f}", refresh=False)
+        self._log(wb, {f"train/{k}": v for k, v in metrics.items()})
+        return metrics
+
+    def _log(self, wb, metrics: dict) -> None:
+        if wb is not None and metrics:
+            wb.log(metrics, step=self.step)
+
+    def _wandb_start(self):
+        """wandb run on rank 0 (None elsewhere or when disabled); files under output_dir."""
+        if self.rank != 0:
+            return None
+        w = self.cfg.wandb
+        mode = w.mode or ("online" if os.environ.get("WANDB_API_KEY") else "offline")
+        if mode == "disabled":
+            return None
+        import wandb
+
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        config = OmegaConf.to_container(self.cfg, resolve=True)
+        config["code_version"] = code_version()
+        config["world_size"] = self.world
+        run = wandb.init(
+            project=w.project, entity=w.entity, name=w.name, tags=list(w.tags), mode=mode,
+            dir=str(self.output_dir), config=config, id=self.wandb_id, resume="allow" if self.wandb_id else None,
+        )
+        self.wandb_id = run.id
+        return run
+
+    def _wandb_finish(self, wb, eval_metrics: dict | None = None) -> None:
+        if wb is None:
+            return
+        for k, v in (eval_metrics or {}).items():
+            wb.summary[f"eval/{k}"] = v
+        wb.finish()
+
+
+# -------------------------------------------------------------------- helpers
+
+
+def _resolve_target(path: str) -> Path:
+    from eagle.targets import resolve_target
+
+    return resolve_target(path)
+
+
+def _draft_config(target_dir: Path, cfg: DictConfig) -> DraftConfig:
+    from transformers import AutoConfig
+
+    target_cfg = AutoConfig.from_pretrained(target_dir)
+    layers = list(cfg.model.get("feature_layers", [-1]))
+    return DraftConfig.from_target_config(target_cfg, target=str(cfg.model.path), feature_layers=layers)
+
+
+def _noise_seed(seed: int, micro: int, rank: int) -> int:
+    return (seed * 1_000_003 + micro) * 257 + rank
+
+
+def _zeros() -> dict[str, torch.Tensor]:
+    return {k: torch.zeros((), dtype=torch.float64) for k in STAT_KEYS}
+
+
+def _accumulate(into: dict, sums: dict, pairs: int) -> None:
+    for k, v in sums.items():
+        into[k] += v
+    into["pairs"] += pairs
+
+
+def _all_reduce(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    keys = sorted(sums)
+    flat = torch.stack([sums[k] for k in keys])
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flat)
+    return dict(zip(keys, flat))
+
+
+def _recording(batches, into: list):
+    for b in batches:
+        into.append(b)
+        yield b
+
+
+def _progress(total: int, initial: int, enabled: bool):
+    from tqdm import tqdm
+
+    return tqdm(total=total, initial=initial, disable=not enabled, unit="step", dynamic_ncols=True,
+                file=sys.stderr, desc="train")
+
+
+def prune_checkpoints(ckpt_dir: Path, keep_last: int) -> None:
+    """Delete all but the newest `keep_last` stepNNNNNNNN dirs (never the one `latest` names)."""
+    if keep_last <= 0:
+        return
+    tags = sorted(p for p in ckpt_dir.glob("step*") if p.is_dir() and re.fullmatch(r"step\d+", p.name))
+    latest_file = ckpt_dir / "latest"
+    latest = latest_file.read_text().strip() if latest_file.exists() else None
+    for p in tags[:-keep_last]:
+        if p.name != latest:
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def code_version() -> str:
+    """git commit of the code (with '-dirty' when the tree has changes), or 'unknown'."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return commit + ("-dirty" if dirty else "")
