@@ -16,6 +16,18 @@ from eagle.model import EaModel
 from eagle.tree import static_tree
 from eagle.verify import SamplingParams
 
+
+@pytest.fixture(autouse=True)
+def _single_thread(request):
+    """Tiny models run far faster on one thread, above all on a shared, busy CPU."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
 TREES = {
     "dynamic": dict(tree="dynamic", total_token=12, depth=4, top_k=3),
     "static": dict(tree="static"),

@@ -17,6 +17,18 @@ from eagle.tree import (
 )
 
 
+@pytest.fixture(autouse=True)
+def _single_thread(request):
+    """Tiny models run far faster on one thread, above all on a shared, busy CPU."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 def path_of(tree, node: int) -> list[int]:
     path = [node]
     while tree.parents[path[-1]] >= 0:

@@ -1,0 +1,26 @@
+"""Every YAML in conf/ composes, for both entry points and every model/data/deepspeed choice."""
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+CONF = Path(__file__).resolve().parents[1] / "conf"
+MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+DATAS = sorted(p.stem for p in (CONF / "data").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("data", DATAS)
+def test_data_prep_config_composes(model, data):
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose(config_name="data_prep", overrides=[f"+model={model}", f"data={data}", "data.source=x.jsonl"])
+    OmegaConf.resolve(cfg)
+    assert cfg.output_dir == cfg.store_dir and cfg.model.name in cfg.store_dir
+    assert cfg.model.max_len > 0 and cfg.model.feature_layers
+
+
+def test_model_is_not_a_default():
+    defaults = OmegaConf.load(CONF / "config.yaml").defaults
+    assert not any("model" in (d if isinstance(d, str) else list(d)[0]) for d in defaults)
