@@ -37,3 +37,19 @@ def embedded_target_or_skip():
         return resolve_target("smollm2-135m-instruct")
     except FileNotFoundError as e:
         pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A tiny random Llama saved as a HF folder with the embedded default's ChatML tokenizer."""
+    from eagle.targets import load_tokenizer
+
+    embedded = embedded_target_or_skip()
+    out = tmp_path_factory.mktemp("tiny_target")
+    tok = load_tokenizer(embedded)
+    model = tiny_llama(seed=3, vocab_size=len(tok), hidden_size=64)
+    model.config.eos_token_id = tok.eos_token_id
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

@@ -12,7 +12,7 @@ from transformers import LlamaConfig
 
 from eagle.checkpoint import save_head
 from eagle.draft import DraftConfig, DraftHead
-from eagle.model import EaModel
+from eagle.model import EaModel, _DraftCache
 from eagle.tree import static_tree
 from eagle.verify import SamplingParams
 
@@ -27,6 +27,7 @@ def _single_thread(request):
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
 
 TREES = {
     "dynamic": dict(tree="dynamic", total_token=12, depth=4, top_k=3),
@@ -73,7 +74,7 @@ def hf_greedy(target, ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("tree", list(TREES))
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(8))
 def test_greedy_equals_hf_generate_random_head(seed, tree):
     target = tiny_llama(seed)
     model = EaModel(target, random_head(target, seed + 10), **TREES[tree])
@@ -84,7 +85,7 @@ def test_greedy_equals_hf_generate_random_head(seed, tree):
 
 
 @pytest.mark.parametrize("tree", list(TREES))
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("seed", range(8))
 def test_greedy_equals_hf_generate_with_high_acceptance(seed, tree):
     target, head = near_bigram_pair(seed)
     model = EaModel(target, head, **TREES[tree])
@@ -96,6 +97,111 @@ def test_greedy_equals_hf_generate_with_high_acceptance(seed, tree):
         accepted += model.last_stats.accept_lengths
     assert max(accepted) >= 3  # long paths are really exercised
     assert sum(accepted) / len(accepted) > 1.5
+
+
+@pytest.mark.parametrize("sizes", [dict(total_token=200, depth=3, top_k=50), dict(total_token=2, depth=1, top_k=1)])
+def test_extreme_tree_sizes(sizes):
+    target, head = near_bigram_pair(6, vocab_size=16)
+    model = EaModel(target, head, **sizes)  # top_k above the vocabulary, a pool smaller than total_token
+    ids = prompt(3, 4, vocab=16)
+    assert torch.equal(model.eagenerate(ids, max_new_tokens=20), hf_greedy(target, ids, 20))
+
+
+def test_bfloat16_runs():
+    target, head = near_bigram_pair(1)
+    model = EaModel(target.to(torch.bfloat16), head.to(torch.bfloat16))
+    model.eos_ids = set()
+    out = model.eagenerate(prompt(0, 5), max_new_tokens=16)
+    assert out.shape == (1, 21)
+    out = model.eagenerate(prompt(0, 5), temperature=0.8, top_p=0.9, max_new_tokens=16)
+    assert out.shape == (1, 21)
+
+
+def causal_draft_outputs(model: EaModel, state, tree) -> dict[int, torch.Tensor]:
+    """Head output of every node, computed one row at a time along its root-to-node path."""
+    outputs = {0: state.draft_hidden[0]}
+    with torch.no_grad():
+        for node in range(1, tree.size):
+            path = tree.ancestors[node].nonzero().flatten().tolist()
+            past, feature = state.head_past, state.draft_hidden
+            for n in path[1:]:
+                position = torch.tensor([past[0].shape[2]])  # the next row of a causal sequence
+                hidden, past = model._head_forward(feature, tree.tokens[n : n + 1], position, None, past)
+                feature = hidden
+            outputs[node] = feature[0]
+    return outputs
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_drafted_nodes_follow_causal_head_passes(seed):
+    """Tree drafting (tree mask over the head's cache) matches a causal pass per path."""
+    target = tiny_llama(seed)
+    model = EaModel(target, random_head(target, seed), total_token=20, depth=4, top_k=4)
+    state, _ = model._prefill(prompt(seed, 7), SamplingParams())
+    for shape in (None, static_tree([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]])):
+        model.static = shape
+        tree = model._draft_tree(state)
+        outputs = causal_draft_outputs(model, state, tree)
+        for node in range(1, tree.size):
+            parent = int(tree.parents[node])
+            logp = model._draft_logp(outputs[parent][None])[0]
+            if shape is None:  # dynamic: a top-k child of its parent
+                assert int(tree.tokens[node]) in logp.topk(4).indices.tolist()
+            else:  # static: exactly the rank its path names
+                rank = shape.paths[node][-1]
+                assert int(tree.tokens[node]) == int(logp.topk(rank + 1).indices[rank])
+
+
+def test_draft_cache_feed_equals_causal_head_passes():
+    """Rows fed under the drafting tree mask equal a causal head pass along each node's path."""
+    target = tiny_llama(3)
+    head = random_head(target, 3)
+    with torch.no_grad():  # sharper attention, so masks and positions visibly matter
+        head.layers[0].self_attn.q_proj.weight.mul_(8)
+        head.layers[0].self_attn.k_proj.weight.mul_(8)
+    model = EaModel(target, head)
+    state, _ = model._prefill(prompt(1, 6), SamplingParams())
+    drafts = _DraftCache(state)
+    with torch.no_grad():
+        out1, rows1 = drafts.feed(model, torch.tensor([10, 11]), state.draft_hidden.expand(2, -1),
+                                  torch.tensor([-1, -1]), depth=1)
+        out2, rows2 = drafts.feed(model, torch.tensor([12, 13, 14]), out1[[0, 1, 0]], rows1[[0, 1, 0]], depth=2)
+        out3, _ = drafts.feed(model, torch.tensor([15]), out2[[2]], rows2[[2]], depth=3)
+        for path, got in [([10], out1[0]), ([11], out1[1]), ([10, 12], out2[0]), ([11, 13], out2[1]),
+                          ([10, 14], out2[2]), ([10, 14, 15], out3[0])]:
+            past, feature = state.head_past, state.draft_hidden
+            for token in path:
+                position = torch.tensor([past[0].shape[2]])  # the next row of a causal sequence
+                feature, past = model._head_forward(feature, torch.tensor([token]), position, None, past)
+            assert torch.allclose(got, feature[0], atol=1e-5), path
+
+
+@pytest.mark.parametrize("tree", ["dynamic", "static"])
+@pytest.mark.parametrize("temperature", [0.0, 0.3])
+def test_head_cache_holds_target_features_of_committed_tokens(tree, temperature):
+    """After several steps the head's cache equals a fresh head pass over the committed tokens
+    with the target's own features: accepted drafts are re-encoded with verified features."""
+    target, head = near_bigram_pair(7)
+    h = target.config.hidden_size
+    with torch.no_grad():  # make the head depend on the features, keeping its drafts good
+        head.fc.weight[:, h:] = 3e-4 * torch.randn(h, h, generator=torch.Generator().manual_seed(0))
+    model = EaModel(target, head, tree=tree)
+    params = SamplingParams(temperature)
+    torch.manual_seed(0)
+    state, _ = model._prefill(prompt(5, 6), params)
+    lengths = []
+    with torch.no_grad():
+        for _ in range(8):
+            state, new = model._step(state, model._draft_tree(state), params)
+            lengths.append(new.numel())
+        committed = state.committed
+        assert state.target_cache.get_seq_length() == committed
+        features = target(state.ids[:, :-1], output_hidden_states=True).hidden_states[-1][0]  # [L-1, H]
+        hidden, past = model._head_forward(features, state.ids[0, 1:], torch.arange(committed), None, None)
+    assert max(lengths) > (2 if temperature == 0 else 1)  # multi-row re-encodes happened
+    assert torch.allclose(past[0], state.head_past[0], atol=1e-5)
+    assert torch.allclose(past[1], state.head_past[1], atol=1e-5)
+    assert torch.allclose(hidden[-1:], state.draft_hidden, atol=1e-5)
 
 
 def test_greedy_equals_naivegenerate_and_log_semantics():

@@ -8,25 +8,11 @@ import torch
 from hydra import compose, initialize_config_dir
 from transformers import AutoModelForCausalLM
 
-from conftest import embedded_target_or_skip, tiny_llama
 from data_prep import pipeline
 from data_prep.store import FeatureStore, read_manifest
 from eagle.targets import load_tokenizer
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    """A tiny random Llama saved with a real ChatML tokenizer."""
-    embedded = embedded_target_or_skip()
-    out = tmp_path_factory.mktemp("tiny_target")
-    tok = load_tokenizer(embedded)
-    model = tiny_llama(seed=3, vocab_size=len(tok), hidden_size=64)
-    model.config.eos_token_id = tok.eos_token_id
-    model.save_pretrained(out)
-    tok.save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -19,12 +19,21 @@ from safetensors.torch import load_file
 from conftest import tiny_llama
 from eagle.checkpoint import load_head
 from train.config import validate
+from train.engine import free_port
 from train.testing import write_tiny_store
 from train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
 PY = sys.executable
+DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    """This process's environment without the process-group variables that in-process
+    trainers set (a child would otherwise join this process's group)."""
+    env = {k: v for k, v in os.environ.items() if k not in DIST_VARS}
+    return {**env, **extra}
 
 
 @pytest.fixture(scope="module")
@@ -112,7 +121,7 @@ def test_exported_head_reproduces_trained_module(tiny, tmp_path):
 
 def test_cli_prints_complete_config_for_vicuna():
     out = subprocess.run([PY, "-m", "train", "+model=vicuna7b", "--cfg", "job"], cwd=ROOT,
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, env=clean_env())
     assert out.returncode == 0, out.stderr
     assert "???" not in out.stdout and "lr: 3.0e-05" in out.stdout and "stage: 0" in out.stdout
 
@@ -120,7 +129,7 @@ def test_cli_prints_complete_config_for_vicuna():
 @pytest.mark.slow
 def test_cli_trains_end_to_end(tiny, tmp_path):
     out = subprocess.run([PY, "-m", "train", *overrides(tiny, tmp_path, "train.max_steps=4")], cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+                         capture_output=True, text=True, timeout=300, env=clean_env())
     assert out.returncode == 0, out.stderr[-3000:]
     assert "done: 4 steps" in out.stderr and (tmp_path / "head" / "config.json").exists()
 
@@ -128,13 +137,39 @@ def test_cli_trains_end_to_end(tiny, tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("deepspeed", ["zero2_bf16", "zero3_bf16"])
 def test_torchrun_two_processes(tiny, tmp_path, deepspeed):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port=0", "-m", "train",
+    env = clean_env(OMP_NUM_THREADS="1")
+    cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}", "-m", "train",
            *overrides(tiny, tmp_path, f"deepspeed={deepspeed}", "train.max_steps=4", "train.save_every=2")]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=400, env=env)
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
     assert out.returncode == 0, out.stderr[-4000:]
     assert "done: 4 steps" in out.stderr
     head = load_head(tmp_path / "head")
     assert head.config.hidden_size == 64
     ckpt = tmp_path / "checkpoints" / "step00000004"
     assert len(list(ckpt.glob("*optim_states.pt"))) == 2  # one optimizer shard per rank
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill(tiny, tmp_path):
+    """A run killed with SIGKILL continues from its latest checkpoint with train.resume=auto."""
+    import signal
+    import time
+
+    args = [PY, "-m", "train", *overrides(tiny, tmp_path, "train.max_steps=40", "train.save_every=5")]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env())
+    latest = tmp_path / "checkpoints" / "latest"
+    deadline = time.time() + 180
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if latest.exists() and latest.read_text().strip() >= "step00000010":
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    saved = int(latest.read_text().strip()[4:])
+    assert 10 <= saved < 40
+    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300, env=clean_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"at step {saved}" in out.stderr and "done: 40 steps" in out.stderr

@@ -11,6 +11,7 @@ already collated in memory. Prints both rates and their ratio (goal: >= 0.85).
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import tempfile
 import time
@@ -68,6 +69,7 @@ def measure(cfg: DictConfig, steps: int = 20, warmup: int = 3) -> dict[str, floa
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     extra = OmegaConf.to_container(cfg.get("throughput") or {})
     with open_dict(cfg):
         cfg.pop("throughput", None)

@@ -1,0 +1,137 @@
+"""Chat with the target through the EAGLE decoder, streaming each reply.
+
+    python -m eagle.chat                                   # embedded default + shipped head
+    python -m eagle.chat --head path/or/hub-id --temperature 0.7
+    echo "What is a draft head?" | python -m eagle.chat    # one reply per input line, exit on EOF
+
+Each reply is followed (on stderr) by τ, the mean tokens per target forward, and tokens/s.
+In the chat, `/reset` clears the history and `/exit` quits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from eagle.targets import EMBEDDED_DEFAULT
+
+SHIPPED_HEAD = Path(__file__).resolve().parents[1] / "checkpoints" / "eagle-smollm2-135m-instruct"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m eagle.chat", description=__doc__.split("\n\n")[0])
+    p.add_argument("--target", default=EMBEDDED_DEFAULT, help="target alias, HF folder or Hub id")
+    p.add_argument("--head", default=str(SHIPPED_HEAD), help="draft head folder or Hub id")
+    p.add_argument("--random-head", action="store_true", help="untrained head (tau about 1; for trying the pipeline)")
+    p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16")
+    p.add_argument("--tree", default="dynamic", choices=["dynamic", "static"])
+    p.add_argument("--total-token", type=int, default=24)
+    p.add_argument("--depth", type=int, default=5)
+    p.add_argument("--top-k-draft", type=int, default=8, help="draft branching factor of the dynamic tree")
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=0.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--max-new-tokens", type=int, default=512)
+    p.add_argument("--system", default=None, help="system prompt (default: the template's own)")
+    p.add_argument("--chat-template", default=None, help="template name, .jinja file or template text")
+    return p.parse_args(argv)
+
+
+def head_missing(head: str) -> bool:
+    """True when --head names no usable local folder and does not look like a Hub id."""
+    path = Path(head).expanduser()
+    if path.is_dir():
+        return not (path / "config.json").exists()
+    return path.is_absolute() or head.startswith((".", "~")) or head.count("/") != 1
+
+
+def build_model(args: argparse.Namespace):
+    from transformers import AutoModelForCausalLM
+
+    from eagle.checkpoint import load_head
+    from eagle.draft import DraftConfig, DraftHead
+    from eagle.model import EaModel
+    from eagle.targets import load_tokenizer, resolve_target
+
+    dtype = DTYPES[args.dtype]
+    folder = resolve_target(args.target)
+    target = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
+    tokenizer = load_tokenizer(folder, args.chat_template)
+    if args.random_head:
+        head = DraftHead(DraftConfig.from_target_config(target.config, target=args.target)).to(dtype)
+    else:
+        head = load_head(args.head, dtype=dtype)
+    return EaModel(target, head, tokenizer, total_token=args.total_token, depth=args.depth,
+                   top_k=args.top_k_draft, tree=args.tree)
+
+
+def read_turns(interactive: bool):
+    """User messages: prompted lines on a terminal, plain lines from a pipe; ends on EOF."""
+    while True:
+        try:
+            line = input(">>> ") if interactive else sys.stdin.readline()
+        except EOFError:
+            return
+        if not interactive and not line:
+            return
+        line = line.strip()
+        if line:
+            yield line
+
+
+def reply(model, messages: list[dict], args: argparse.Namespace) -> str:
+    """Stream one assistant reply to stdout and return its text."""
+    tokenizer = model.tokenizer
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
+                                        return_tensors="pt")["input_ids"]  # [1, S]
+    new: list[int] = []
+    shown = ""
+    stream = model.ea_generate(ids, args.temperature, args.top_p, args.top_k, args.max_new_tokens,
+                               max_length=ids.shape[1] + args.max_new_tokens)
+    for chunk in stream:
+        new += chunk.tolist()
+        text = tokenizer.decode(new, skip_special_tokens=True)
+        if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+            print(text[len(shown):], end="", flush=True)
+            shown = text
+    print(flush=True)
+    s = model.last_stats
+    print(f"[tau {s.tau:.2f} tokens/forward, {s.tokens_per_second:.1f} tokens/s, {s.new_tokens} tokens]",
+          file=sys.stderr, flush=True)
+    return tokenizer.decode(new, skip_special_tokens=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if not args.random_head and head_missing(args.head):
+        print(f"error: no draft head at {args.head}.\n"
+              "  Pass --head DIR_OR_HUB_ID, train one (python -m train +model=smollm2_135m, see README.md),\n"
+              "  or try the pipeline with --random-head (correct output, no speed-up).", file=sys.stderr)
+        return 2
+    try:
+        model = build_model(args)
+    except (FileNotFoundError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print("EAGLE chat: /reset clears the history, /exit or Ctrl-D quits.", file=sys.stderr)
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    messages = list(system)
+    for line in read_turns(interactive):
+        if line in ("/exit", "/quit"):
+            break
+        if line == "/reset":
+            messages = list(system)
+            continue
+        messages.append({"role": "user", "content": line})
+        messages.append({"role": "assistant", "content": reply(model, messages, args)})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

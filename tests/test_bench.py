@@ -1,0 +1,59 @@
+"""The benchmark harness: statistics it derives, and one end-to-end run on a tiny target."""
+
+import json
+
+import torch
+
+from eagle.bench import Run, load_questions, main, markdown, n_alpha, summarize
+
+
+def test_n_alpha_from_accept_lengths():
+    # tokens per step = drafts accepted + 1
+    assert n_alpha([1, 1, 1, 1]) == [0.0]
+    assert n_alpha([2, 2, 1, 3]) == [0.75, round(1 / 3, 3), 0.0]
+
+
+def test_summary_speedup_tau_and_equality():
+    runs = [Run("q", "math", 0, "vanilla", 10, 1.0, 10), Run("q", "math", 0, "eagle2", 10, 0.5, 4, [3, 3, 3, 1], True),
+            Run("r", "code", 0, "vanilla", 10, 2.0, 10), Run("r", "code", 0, "eagle2", 10, 2.0, 10, [1] * 10, False)]
+    table = summarize(runs)
+    assert table["eagle2"]["math"]["speedup"] == 2.0 and table["eagle2"]["math"]["tau"] == 2.5
+    assert table["eagle2"]["all"]["equal_to_vanilla"] == "1/2"
+    assert table["eagle2"]["all"]["speedup"] == round((20 / 2.5) / (20 / 3.0), 3)
+    assert "| eagle2 |" in markdown(table, ["vanilla", "eagle2"])
+
+
+def test_mtbench_questions_are_packaged():
+    qs = load_questions("mtbench")
+    assert len(qs) == 80 and len({q.category for q in qs}) == 8 and all(len(q.turns) == 2 for q in qs)
+
+
+def test_user_jsonl_and_bad_record(tmp_path):
+    path = tmp_path / "q.jsonl"
+    path.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["hi"]}) + "\n" + json.dumps({"id": 2}) + "\n")
+    try:
+        load_questions(str(path))
+    except ValueError as e:
+        assert "record 1" in str(e) and "turns" in str(e)
+    else:
+        raise AssertionError("expected an error")
+
+
+def test_end_to_end_on_tiny_target(tiny_dir, tmp_path):
+    from eagle.checkpoint import save_head
+    from eagle.draft import DraftConfig, DraftHead
+    from transformers import AutoConfig
+
+    torch.manual_seed(0)
+    head = DraftHead(DraftConfig.from_target_config(AutoConfig.from_pretrained(tiny_dir)))
+    save_head(tmp_path / "head", head, dtype=torch.float32)
+    qfile = tmp_path / "q.jsonl"
+    qfile.write_text("\n".join(json.dumps({"question_id": i, "category": "c%d" % (i % 2), "turns": ["Hi %d" % i, "More"]})
+                               for i in range(2)))
+    table = main(["--base", str(tiny_dir), "--head", str(tmp_path / "head"), "--prompts", str(qfile), "--dtype", "float32",
+                  "--max-new-tokens", "12", "--methods", "vanilla,eagle2,eagle1,pld", "--out", str(tmp_path / "out"),
+                  "--no-progress"])
+    for m in ("eagle2", "eagle1", "pld"):
+        assert table[m]["all"]["equal_to_vanilla"] == "4/4"
+    assert {p.name for p in (tmp_path / "out").iterdir()} >= {"results.json", "results.md", "speedup_by_category.png",
+                                                               "accepted_length_hist.png"}
