@@ -31,13 +31,3 @@ def commit_cache(cache: DynamicCache, past_len: int, accepted: torch.Tensor) -> 
         layer.keys = commit_rows(layer.keys, past_len, accepted)
         layer.values = commit_rows(layer.values, past_len, accepted)
 
-
-def crop_cache(cache: DynamicCache, length: int) -> None:
-    """Drop every row at or after `length` (transformers 5 `crop` takes a row count to remove)."""
-    for layer in cache.layers:
-        layer.keys = layer.keys[:, :, :length]
-        layer.values = layer.values[:, :, :length]
-
-
-def cache_length(cache: DynamicCache) -> int:
-    return cache.get_seq_length()

@@ -38,6 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=512)
     p.add_argument("--system", default=None, help="system prompt (default: the template's own)")
     p.add_argument("--chat-template", default=None, help="template name, .jinja file or template text")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")
     return p.parse_args(argv)
 
 
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
               "  Pass --head DIR_OR_HUB_ID, train one (python -m train +model=smollm2_135m, see README.md),\n"
               "  or try the pipeline with --random-head (correct output, no speed-up).", file=sys.stderr)
         return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
     try:
         model = build_model(args)
     except (FileNotFoundError, ValueError) as e:

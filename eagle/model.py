@@ -61,7 +61,12 @@ class DecodeState:
 
 @dataclass
 class GenerationStats:
-    """Per-call statistics; `accept_lengths[i]` = tokens produced by verification step i."""
+    """Per-call statistics of one generate call (`EaModel.last_stats`).
+
+    `accept_lengths[i]` = drafts accepted at verification step i plus the bonus token, before
+    clipping at a stop condition; `new_tokens` counts the tokens actually returned, including
+    the one sampled from the prefill, so tau = new_tokens / steps.
+    """
 
     method: str
     prompt_tokens: int = 0
@@ -220,7 +225,10 @@ class EaModel(nn.Module):
         return DecodeState(ids, cache, head_past, hidden[-1:]), root
 
     def _step(self, state: DecodeState, tree: Tree, params: SamplingParams) -> tuple[DecodeState, torch.Tensor]:
-        """Verify a tree, commit the accepted path; returns the new state and the new tokens [n]."""
+        """Verify a tree, commit the accepted path; returns the new state and the new tokens [n].
+
+        Consumes `state`: its target cache is updated in place and moves to the new state.
+        """
         past = state.committed
         device = state.ids.device
         tokens = tree.tokens.to(device)

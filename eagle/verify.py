@@ -86,10 +86,11 @@ def verify_sampling(
 ) -> tuple[torch.Tensor, int]:
     """Recursive rejection sampling over siblings; the output is distributed exactly as p.
 
-    logits [N, V]: target logits at each tree node; p = `target_probs` of them. Walks from the root: each child
-    x of the current node, in order, is accepted with probability p(x); a rejected x gets
-    p(x) = 0 and p is renormalized before the next sibling; when every child is rejected the
-    bonus token is drawn from what is left of p. Returns accepted node indices [n] and the bonus.
+    logits [N, V]: target logits at each tree node; p = `target_probs` of a node's logits,
+    computed only for the nodes visited. Walks from the root: each child x of the current
+    node, in order, is accepted with probability p(x); a rejected x gets p(x) = 0 and p is
+    renormalized before the next sibling; when every child is rejected the bonus token is
+    drawn from what is left of p. Returns accepted node indices [n] and the bonus.
     """
     children = tree.children()
     tokens = tree.tokens.tolist()

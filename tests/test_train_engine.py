@@ -119,8 +119,8 @@ def test_exported_head_reproduces_trained_module(tiny, tmp_path):
     assert list((tmp_path / "wandb").glob("offline-run-*")), "wandb offline run under output_dir"
 
 
-def test_cli_prints_complete_config_for_vicuna():
-    out = subprocess.run([PY, "-m", "train", "+model=vicuna7b", "--cfg", "job"], cwd=ROOT,
+def test_cli_prints_complete_config_for_vicuna(tmp_path):
+    out = subprocess.run([PY, "-m", "train", "+model=vicuna7b", "--cfg", "job"], cwd=tmp_path,
                          capture_output=True, text=True, timeout=120, env=clean_env())
     assert out.returncode == 0, out.stderr
     assert "???" not in out.stdout and "lr: 3.0e-05" in out.stdout and "stage: 0" in out.stdout
@@ -128,7 +128,7 @@ def test_cli_prints_complete_config_for_vicuna():
 
 @pytest.mark.slow
 def test_cli_trains_end_to_end(tiny, tmp_path):
-    out = subprocess.run([PY, "-m", "train", *overrides(tiny, tmp_path, "train.max_steps=4")], cwd=ROOT,
+    out = subprocess.run([PY, "-m", "train", *overrides(tiny, tmp_path, "train.max_steps=4")], cwd=tmp_path,
                          capture_output=True, text=True, timeout=300, env=clean_env())
     assert out.returncode == 0, out.stderr[-3000:]
     assert "done: 4 steps" in out.stderr and (tmp_path / "head" / "config.json").exists()
@@ -140,7 +140,7 @@ def test_torchrun_two_processes(tiny, tmp_path, deepspeed):
     env = clean_env(OMP_NUM_THREADS="1")
     cmd = [PY, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}", "-m", "train",
            *overrides(tiny, tmp_path, f"deepspeed={deepspeed}", "train.max_steps=4", "train.save_every=2")]
-    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240, env=env)
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=240, env=env)
     assert out.returncode == 0, out.stderr[-4000:]
     assert "done: 4 steps" in out.stderr
     head = load_head(tmp_path / "head")
@@ -156,7 +156,7 @@ def test_resume_after_sigkill(tiny, tmp_path):
     import time
 
     args = [PY, "-m", "train", *overrides(tiny, tmp_path, "train.max_steps=40", "train.save_every=5")]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env())
+    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env())
     latest = tmp_path / "checkpoints" / "latest"
     deadline = time.time() + 180
     try:
@@ -170,6 +170,7 @@ def test_resume_after_sigkill(tiny, tmp_path):
         proc.wait(timeout=30)
     saved = int(latest.read_text().strip()[4:])
     assert 10 <= saved < 40
-    out = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=300, env=clean_env())
+    out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=clean_env())
     assert out.returncode == 0, out.stderr[-3000:]
-    assert f"at step {saved}" in out.stderr and "done: 40 steps" in out.stderr
+    assert f"at step {saved}" in out.stdout + out.stderr  # Hydra's log handler writes to stdout
+    assert "done: 40 steps" in out.stderr

@@ -13,11 +13,8 @@ from eagle.verify import SamplingParams, process_logits, sample, verify_greedy
 
 
 @pytest.fixture(autouse=True)
-def _single_thread(request):
+def _single_thread():
     """Tiny models run far faster on one thread, above all on a shared, busy CPU."""
-    if request.node.get_closest_marker("slow"):
-        yield
-        return
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

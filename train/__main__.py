@@ -14,7 +14,6 @@ def main(cfg: DictConfig) -> None:
     from train.publish import PublishError
     from train.run import run
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # its per-step INFO lines drown ours
     try:
         run(cfg)
