@@ -105,8 +105,11 @@ def _job(cfg, out: Path, rank: int, world: int) -> Job:
     if cfg.data.regenerate:
         from data_prep.regenerate import regenerate
 
+        before = len(conversations)
         conversations = regenerate(cfg, target_dir, tokenizer, conversations, out / "regenerated", rank, world)
         source["regenerated"] = True
+        if before > len(conversations):
+            source["skipped"]["first prompt too long to regenerate"] = before - len(conversations)
     return Job(out, target_dir, tokenizer, conversations, source, _target_info(cfg, target_dir), rank, world)
 
 

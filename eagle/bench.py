@@ -51,6 +51,7 @@ class Run:
     steps: int
     accept_lengths: list[int] = field(default_factory=list)
     equal_to_vanilla: bool | None = None
+    divergence: dict | None = None  # where a greedy output left vanilla's, and how close a tie it was
 
     @property
     def tau(self) -> float:
@@ -75,6 +76,17 @@ def load_questions(name: str, limit: int | None = None) -> list[Question]:
                 raise ValueError(f"{name}, record {i}, field 'turns': missing (MT-bench shape: question_id, category, turns)")
             qs.append(Question(str(r.get("question_id", i)), str(r.get("category", "default")), list(r["turns"])))
     return qs[:limit] if limit else qs
+
+
+def first_per_category(questions: list[Question], n: int) -> list[Question]:
+    """The first n questions of each category, in their original order."""
+    seen: dict[str, int] = defaultdict(int)
+    out = []
+    for q in questions:
+        seen[q.category] += 1
+        if seen[q.category] <= n:
+            out.append(q)
+    return out
 
 
 def sharegpt_heldout(n: int, skip: int = 15000) -> list[Question]:
@@ -171,12 +183,30 @@ def benchmark(bench: Bench, questions: list[Question], methods: list[str], progr
             for r in runs[-len(methods):]:
                 if r.method != "vanilla" and "vanilla" in outputs:
                     r.equal_to_vanilla = torch.equal(outputs[r.method], outputs["vanilla"])
+                    if not r.equal_to_vanilla:
+                        r.divergence = divergence(bench.target, ids, outputs["vanilla"], outputs[r.method])
             reply = outputs.get("vanilla", next(iter(outputs.values())))
             history.append({"role": "assistant", "content": bench.tokenizer.decode(reply, skip_special_tokens=True)})
             bar.update(1)
             bar.set_postfix(_live_summary(runs))
     bar.close()
     return runs
+
+
+@torch.inference_mode()
+def divergence(target, prompt: torch.Tensor, ref: torch.Tensor, other: torch.Tensor) -> dict:
+    """First position where `other` leaves `ref`, and the target's logits there (one causal
+    forward over prompt + ref): the gap between the two chosen tokens, and between vanilla's
+    token and the runner-up. A near-tie (gap of a rounding step or so) explains a bf16 flip."""
+    n = min(len(ref), len(other))
+    pos = next((i for i in range(n) if ref[i] != other[i]), n)
+    if pos >= len(ref) or pos >= len(other):
+        return {"position": pos, "kind": "length"}
+    seq = torch.cat([prompt[0], ref[:pos]])[None]
+    logits = target(seq).logits[0, -1].float()
+    top2 = logits.topk(2).values
+    return {"position": pos, "kind": "token", "gap_ref_other": round(float(logits[ref[pos]] - logits[other[pos]]), 4),
+            "gap_top2": round(float(top2[0] - top2[1]), 4), "logit_scale": round(float(logits.abs().max()), 2)}
 
 
 def _live_summary(runs: list[Run]) -> dict:
@@ -293,6 +323,7 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--limit", type=int, default=None, help="first N questions")
+    p.add_argument("--per-category", type=int, default=None, help="first N questions of each category")
     p.add_argument("--turns", type=int, default=2, help="turns per question (MT-bench has 2)")
     p.add_argument("--total-token", default="24", help="tree budget, or 'auto'")
     p.add_argument("--depth", type=int, default=5)
@@ -329,6 +360,8 @@ def main(argv=None) -> dict:
     total = args.total_token if args.total_token == "auto" else int(args.total_token)
     bench = Bench(target, tokenizer, head, assistant, args.max_new_tokens, total, args.depth, args.top_k)
     questions = load_questions(args.prompts, args.limit)
+    if args.per_category:
+        questions = first_per_category(questions, args.per_category)
     for q in questions:
         q.turns = q.turns[: args.turns]
     runs = benchmark(bench, questions, methods, progress=not args.no_progress)

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-torch.set_num_threads(min(2, os.cpu_count() or 1))
+
+@pytest.fixture(autouse=True)
+def _single_thread():
+    """Tests use tiny models, which run fastest on one thread; on a shared CPU two threads
+    were measured 10-40x slower than one (oversubscription)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def tiny_llama(seed: int = 0, vocab_size: int = 128, hidden_size: int = 64, layers: int = 2,

@@ -11,14 +11,6 @@ from eagle.cache import commit_cache, commit_rows
 from eagle.tree import build_tree, tree_attention_mask
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """Tiny models run far faster on one thread, above all on a shared, busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def test_commit_rows_handles_overlap():
     x = torch.arange(10.0).view(1, 1, 10, 1)  # rows 0..9, past_len 3, tree rows 3..9

@@ -17,14 +17,6 @@ from eagle.tree import static_tree
 from eagle.verify import SamplingParams
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """Small models run far faster on one thread on a shared, busy CPU (10x measured)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 TREES = {
     "dynamic": dict(tree="dynamic", total_token=12, depth=4, top_k=3),

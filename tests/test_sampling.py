@@ -20,13 +20,6 @@ SETTINGS = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def chi_square_p_value(observed: Counter, expected: dict, draws: int) -> float:
     """Pearson chi-square; cells expecting fewer than 5 draws are pooled into one."""

@@ -17,14 +17,6 @@ from eagle.tree import (
 )
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """Tiny models run far faster on one thread, above all on a shared, busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def path_of(tree, node: int) -> list[int]:
     path = [node]

@@ -12,14 +12,6 @@ from eagle.tree import DEFAULT_CHOICES, build_tree, static_tree, tree_attention_
 from eagle.verify import SamplingParams, process_logits, sample, verify_greedy
 
 
-@pytest.fixture(autouse=True)
-def _single_thread():
-    """Tiny models run far faster on one thread, above all on a shared, busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
 
 def random_tree(seed: int, n: int, vocab: int):
     g = torch.Generator().manual_seed(seed)
