@@ -110,3 +110,29 @@ def test_regenerated_replies_are_the_targets_own(tiny_dir, chats, tmp_path):
     greedy = model.generate(**prompt, max_new_tokens=8, do_sample=False)[0, prompt["input_ids"].shape[1]:]
     assert first[1]["content"] == tok.decode(greedy, skip_special_tokens=True).split("<|im_end|>")[0].strip()
     assert FeatureStore(out).manifest["source"]["regenerated"] is True
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_ranks_split_shards_and_merge(tiny_dir, chats, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    single = pipeline.prepare(config(tiny_dir, chats, tmp_path / "one"))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+    env["OMP_NUM_THREADS"] = "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+           "-m", "data_prep", "+model=smollm2_135m", f"model.path={tiny_dir}", "model.dtype=float32",
+           f"data.source={chats}", "data.shard_records=4", "data.batch_tokens=256", f"output_dir={tmp_path / 'two'}"]
+    subprocess.run(cmd, check=True, env=env, cwd=tmp_path, timeout=300, capture_output=True)
+    two = read_manifest(tmp_path / "two")
+    assert two["complete"] and two["source"]["kept"] == read_manifest(single)["source"]["kept"]
+    assert [s["sha256"] for s in two["shards"]] == [s["sha256"] for s in read_manifest(single)["shards"]]
