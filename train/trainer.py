@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
+from tqdm import tqdm
 
 from data_prep.store import FeatureStore
 from eagle.draft import DraftConfig, DraftHead
@@ -129,7 +130,7 @@ class Trainer:
                 train_metrics = self._log_window(window, now - window_start, bar, wb)
                 window, window_start = _zeros(), time.perf_counter()
             if t.eval_every and self.step % t.eval_every == 0 and self.step < self.total_steps:
-                self._log(wb, {f"eval/{k}": v for k, v in self.evaluate().items()})
+                self._log_eval(wb, self.evaluate())
             if t.save_every and self.step % t.save_every == 0:
                 self.save()
             if t.stop_after and self.step >= t.stop_after and self.step < self.total_steps:
@@ -142,7 +143,7 @@ class Trainer:
         if self._saved_step != self.step:
             self.save()
         eval_metrics = self.evaluate()
-        self._log(wb, {f"eval/{k}": v for k, v in eval_metrics.items()})
+        self._log_eval(wb, eval_metrics)
         head_dir = self.export(train_metrics, eval_metrics)
         self._wandb_finish(wb, eval_metrics)
         return FitResult(self.step, False, train_metrics, eval_metrics, head_dir)
@@ -243,6 +244,12 @@ class Trainer:
         self._log(wb, {f"train/{k}": v for k, v in metrics.items()})
         return metrics
 
+    def _log_eval(self, wb, metrics: dict[str, float]) -> None:
+        """Held-out metrics to W&B and, on rank 0, as one console line."""
+        self._log(wb, {f"eval/{k}": v for k, v in metrics.items()})
+        if self.rank == 0:
+            tqdm.write(f"eval @ step {self.step}: " + ", ".join(f"{k}={v:.4f}" for k, v in sorted(metrics.items())))
+
     def _log(self, wb, metrics: dict) -> None:
         if wb is not None and metrics:
             wb.log(metrics, step=self.step)
@@ -322,8 +329,6 @@ def _recording(batches, into: list):
 
 
 def _progress(total: int, initial: int, enabled: bool):
-    from tqdm import tqdm
-
     return tqdm(total=total, initial=initial, disable=not enabled, unit="step", dynamic_ncols=True,
                 file=sys.stderr, desc="train")
 
