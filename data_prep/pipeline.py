@@ -15,7 +15,7 @@ import logging
 import os
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -49,6 +49,7 @@ class Job:
     target: dict  # the manifest's "target" entry
     rank: int
     world: int
+    entries: dict[int, dict] = field(default_factory=dict)  # manifest entry of each finished shard
 
 
 def prepare(cfg) -> Path:
@@ -153,7 +154,7 @@ def _run_shards(cfg, job: Job, model, n_shards: int) -> dict:
             bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - start):.0f}")
 
         records = compute_records(model, tokenized, list(cfg.model.feature_layers), cfg.data.batch_tokens, pad_id, progress)
-        write_shard(job.out / shard_name(k), records, hidden, getattr(torch, cfg.model.dtype), dict(skipped))
+        job.entries[k] = write_shard(job.out / shard_name(k), records, hidden, getattr(torch, cfg.model.dtype), dict(skipped))
         bar.update(len(chunk) - len(tokenized))  # the skipped ones
         if job.world == 1:
             write_manifest(job.out, _manifest(cfg, job, config_key(cfg), n_shards, complete=False))
@@ -178,7 +179,11 @@ def _tokenize(tokenizer, chunk: list[Conversation], max_len: int) -> tuple[list[
 
 
 def _manifest(cfg, job: Job, key: str, n_shards: int, complete: bool) -> dict:
-    shards = [shard_entry(job.out / shard_name(k)) for k in range(n_shards) if (job.out / shard_name(k)).exists()]
+    """The manifest over the shards finished so far; each shard is read and hashed only once."""
+    for k in range(n_shards):
+        if k not in job.entries and (job.out / shard_name(k)).exists():
+            job.entries[k] = shard_entry(job.out / shard_name(k))
+    shards = [job.entries[k] for k in sorted(job.entries)]
     source = dict(job.source)
     skipped = Counter(source.get("skipped", {}))
     for s in shards:
