@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 
 from data_prep.conversations import Conversation
+from eagle.targets import eos_token_ids
 
 log = logging.getLogger("data_prep")
 
@@ -50,6 +51,7 @@ class ReplyGenerator:
 
     def __init__(self, model, tokenizer, regen, max_len: int):
         self.model, self.tokenizer, self.regen, self.max_len = model, tokenizer, regen, max_len
+        self.eos_ids = eos_token_ids(model, tokenizer)
         self.tokens, self.seconds = 0, 0.0
 
     @property
@@ -110,17 +112,10 @@ class ReplyGenerator:
         new = gen[:, width:]
         texts = []
         for row in new:
-            keep = _until_eos(row, self._eos_ids() | {pad})
+            keep = _until_eos(row, self.eos_ids | {pad})
             self.tokens += len(keep)
             texts.append(self.tokenizer.decode(keep, skip_special_tokens=True).strip())
         return texts
-
-    def _eos_ids(self) -> set[int]:
-        eos = self.model.generation_config.eos_token_id
-        ids = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-        if self.tokenizer.eos_token_id is not None:
-            ids.add(self.tokenizer.eos_token_id)
-        return ids
 
 
 def _until_eos(row: torch.Tensor, eos: set[int]) -> torch.Tensor:

@@ -27,7 +27,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 from eagle.cache import commit_cache
 from eagle.checkpoint import load_head
 from eagle.draft import DraftHead, KVCache
-from eagle.targets import resolve_target
+from eagle.targets import eos_token_ids, resolve_target
 from eagle.tree import (
     DEFAULT_CHOICES,
     Choices,
@@ -133,7 +133,7 @@ class EaModel(nn.Module):
             self.static = None
         else:
             self.static = static_tree(DEFAULT_CHOICES if tree == "static" else tree)
-        self.eos_ids = _eos_ids(target, tokenizer)
+        self.eos_ids = eos_token_ids(target, tokenizer)
         self.last_stats: GenerationStats | None = None
         hidden = target.get_input_embeddings().weight.shape[1]
         if head.config.hidden_size != hidden:
@@ -401,16 +401,3 @@ def _load_tokenizer(path: Path):
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts) if len(parts) > 1 else parts[0]
-
-
-def _eos_ids(target: nn.Module, tokenizer) -> set[int]:
-    """EOS ids from the generation config, the tokenizer, and the ChatML end token if known."""
-    ids: set[int] = set()
-    for source in (getattr(target, "generation_config", None), tokenizer):
-        eos = getattr(source, "eos_token_id", None) if source is not None else None
-        ids.update([eos] if isinstance(eos, int) else list(eos or []))
-    if tokenizer is not None:
-        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if isinstance(end, int) and end != getattr(tokenizer, "unk_token_id", None):
-            ids.add(end)
-    return ids

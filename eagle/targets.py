@@ -111,6 +111,19 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
+def eos_token_ids(model, tokenizer) -> set[int]:
+    """Ids that end a reply: the generation config's and tokenizer's EOS, and ChatML's end token if known."""
+    ids: set[int] = set()
+    for source in (getattr(model, "generation_config", None), tokenizer):
+        eos = getattr(source, "eos_token_id", None) if source is not None else None
+        ids.update([eos] if isinstance(eos, int) else list(eos or []))
+    if tokenizer is not None:
+        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+        if isinstance(end, int) and end != getattr(tokenizer, "unk_token_id", None):
+            ids.add(end)
+    return ids
+
+
 TEMPLATE_DIR = Path(__file__).parent / "chat_templates"
 
 
