@@ -121,7 +121,7 @@ class ForwardCounter:
 
 class Bench:
     def __init__(self, target, tokenizer, head=None, assistant=None, max_new_tokens: int = 128,
-                 total_token: int | str = 24, depth: int = 5, top_k: int = 8):
+                 total_token: int | str = 24, depth: int = 5, top_k: int = 8, draft_vocab: int | None = None):
         from eagle.model import EaModel
 
         self.target, self.tokenizer, self.assistant = target, tokenizer, assistant
@@ -129,7 +129,7 @@ class Bench:
         self.counter = ForwardCounter(target)
         self.eagle = {}
         if head is not None:
-            kw = dict(total_token=total_token, depth=depth, top_k=top_k)
+            kw = dict(total_token=total_token, depth=depth, top_k=top_k, draft_vocab=draft_vocab)
             self.eagle["eagle2"] = EaModel(target, head, tokenizer, tree="dynamic", **kw)
             self.eagle["eagle1"] = EaModel(target, head, tokenizer, tree="static", **kw)
 
@@ -328,6 +328,7 @@ def parse_args(argv=None):
     p.add_argument("--total-token", default="24", help="tree budget, or 'auto'")
     p.add_argument("--depth", type=int, default=5)
     p.add_argument("--top-k", type=int, default=8)
+    p.add_argument("--draft-vocab", type=int, default=None, help="propose only the N most frequent tokens of the head's vocabulary")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default="results/bench")
     p.add_argument("--no-progress", action="store_true")
@@ -358,7 +359,7 @@ def main(argv=None) -> dict:
     if args.assistant:
         assistant = AutoModelForCausalLM.from_pretrained(resolve_target(args.assistant), dtype=dtype).eval()
     total = args.total_token if args.total_token == "auto" else int(args.total_token)
-    bench = Bench(target, tokenizer, head, assistant, args.max_new_tokens, total, args.depth, args.top_k)
+    bench = Bench(target, tokenizer, head, assistant, args.max_new_tokens, total, args.depth, args.top_k, args.draft_vocab)
     questions = load_questions(args.prompts, args.limit)
     if args.per_category:
         questions = first_per_category(questions, args.per_category)

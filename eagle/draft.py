@@ -197,6 +197,9 @@ class DraftHead(nn.Module):
         self.layers = nn.ModuleList([DraftLayer(cfg)])
         # Kept outside the module tree so `.to(bfloat16)` never rounds the rope frequencies.
         self._rope = LlamaRotaryEmbedding(cfg.llama_config())
+        # Target ids the draft may propose, most frequent first ([N] long), or None = all.
+        # Saved by eagle.checkpoint as EAGLE-3's d2t/t2d, so not part of state_dict().
+        self.register_buffer("draft_ids", None, persistent=False)
 
     def forward(
         self,

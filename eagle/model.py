@@ -15,6 +15,7 @@ the last committed token: decided by the target but not yet in either KV cache.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -22,8 +23,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.profiler import record_function
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
+from eagle.autotune import TreeBudget, describe, tune_tree
 from eagle.cache import commit_cache
 from eagle.checkpoint import load_head
 from eagle.draft import DraftHead, KVCache
@@ -42,6 +45,8 @@ from eagle.tree import (
     tree_attention_mask,
 )
 from eagle.verify import SamplingParams, sample, verify_greedy, verify_sampling
+
+log = logging.getLogger("eagle")
 
 
 @dataclass
@@ -119,10 +124,11 @@ class EaModel(nn.Module):
         target: nn.Module,
         head: DraftHead,
         tokenizer=None,
-        total_token: int = 24,
+        total_token: int | str = 24,
         depth: int = 5,
         top_k: int = 8,
         tree: str | Choices = "dynamic",
+        draft_vocab: int | None = None,
     ):
         super().__init__()
         self.target = target.eval().requires_grad_(False)
@@ -138,6 +144,23 @@ class EaModel(nn.Module):
         hidden = target.get_input_embeddings().weight.shape[1]
         if head.config.hidden_size != hidden:
             raise ValueError(f"head hidden size {head.config.hidden_size} != target hidden size {hidden}")
+        self._draft_ids, self._draft_lm_head = _draft_vocabulary(head, target.get_output_embeddings(), draft_vocab)
+        self.tuning: TreeBudget | None = None
+        if total_token == "auto":  # a static tree has a fixed size: nothing to tune
+            if self.static is None:
+                self.tune()
+            else:
+                self.total_token = len(self.static.paths)
+        elif not isinstance(total_token, int) or total_token < 1:
+            raise ValueError(f"total_token={total_token!r}: expected a positive int or 'auto'")
+
+    @torch.inference_mode()
+    def tune(self, prompts: list[torch.Tensor] | None = None) -> TreeBudget:
+        """Pick total_token and depth of the dynamic tree by measuring this device (eagle.autotune)."""
+        self.tuning = tune_tree(self, prompts)
+        self.total_token, self.depth = self.tuning.total_token, self.tuning.depth
+        log.info(describe(self.tuning))
+        return self.tuning
 
     @classmethod
     def from_pretrained(
@@ -145,18 +168,26 @@ class EaModel(nn.Module):
         base_model_path: str | Path,
         ea_model_path: str | Path,
         torch_dtype: torch.dtype = torch.float32,
-        total_token: int = 24,
+        total_token: int | str = 24,
         depth: int = 5,
         top_k: int = 8,
         tree: str | Choices = "dynamic",
         device: str | torch.device = "cpu",
+        draft_vocab: int | None = None,
     ) -> "EaModel":
-        """Load the target (alias, folder or Hub id) and a head (our layout or EAGLE's)."""
+        """Load the target (alias, folder or Hub id) and a head (our layout or EAGLE's).
+
+        total_token="auto" times this device and picks the dynamic tree's budget and depth.
+
+        draft_vocab: propose only the N most frequent tokens of the head's stored draft
+        vocabulary (None: all of it, or the whole target vocabulary when it has none).
+        """
         path = resolve_target(base_model_path)
         target = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa").to(device)
         tokenizer = _load_tokenizer(path)
         head = load_head(ea_model_path, dtype=torch_dtype, device=device)
-        return cls(target, head, tokenizer, total_token=total_token, depth=depth, top_k=top_k, tree=tree)
+        return cls(target, head, tokenizer, total_token=total_token, depth=depth, top_k=top_k, tree=tree,
+                   draft_vocab=draft_vocab)
 
     # ---- public generation API ------------------------------------------------------------
 
@@ -185,7 +216,10 @@ class EaModel(nn.Module):
         stats.prefill_seconds = time.perf_counter() - start
         yield self._emit(stats, budget, first, start)
         while not budget.done:
-            state, new = self._step(state, self._draft_tree(state), params)
+            with record_function("eagle.step"):
+                with record_function("eagle.draft"):
+                    tree = self._draft_tree(state)
+                state, new = self._step(state, tree, params)
             stats.steps += 1
             stats.accept_lengths.append(new.numel())
             yield self._emit(stats, budget, new, start)
@@ -232,19 +266,24 @@ class EaModel(nn.Module):
         past = state.committed
         device = state.ids.device
         tokens = tree.tokens.to(device)
-        mask = tree_attention_mask(tree.ancestors, past, self._dtype).to(device)
-        logits, features = self._target_forward(tokens, past + tree.depths.to(device), mask, state.target_cache)
-        if params.greedy:
-            path, bonus = verify_greedy(tree, logits)
-        else:
-            path, bonus = verify_sampling(tree, logits, params)
-        commit_cache(state.target_cache, past, path)
+        with record_function("eagle.verify.mask"):
+            mask = tree_attention_mask(tree.ancestors, past, self._dtype).to(device)
+        with record_function("eagle.verify.forward"):
+            logits, features = self._target_forward(tokens, past + tree.depths.to(device), mask, state.target_cache)
+        with record_function("eagle.verify.accept"):
+            if params.greedy:
+                path, bonus = verify_greedy(tree, logits)
+            else:
+                path, bonus = verify_sampling(tree, logits, params)
+        with record_function("eagle.cache.commit"):
+            commit_cache(state.target_cache, past, path)
         new = torch.cat([tokens[path[1:].to(device)], torch.tensor([bonus], device=device)])  # [n]
         n = new.numel()
         # head rows past .. past+n-1: (f of each accepted node, the token after it)
-        mask = causal_mask(n, past, self._dtype).to(device)
-        positions = torch.arange(past, past + n, device=device)
-        hidden, head_past = self._head_forward(features[path.to(device)], new, positions, mask, state.head_past)
+        with record_function("eagle.head.update"):
+            mask = causal_mask(n, past, self._dtype).to(device)
+            positions = torch.arange(past, past + n, device=device)
+            hidden, head_past = self._head_forward(features[path.to(device)], new, positions, mask, state.head_past)
         ids = torch.cat([state.ids, new[None]], dim=1)
         return DecodeState(ids, state.target_cache, head_past, hidden[-1:]), new
 
@@ -258,29 +297,39 @@ class EaModel(nn.Module):
 
     def _draft_dynamic(self, state: DecodeState, root: torch.Tensor) -> Tree:
         """EAGLE-2: grow the top_k best nodes by cumulative draft log-prob, then rerank all."""
-        k = min(self.top_k, self._vocab)
+        tokens, scores, parents = self._draft_candidates(state, self.depth)
+        with record_function("eagle.draft.tree"):
+            kept = select_nodes(scores, parents, self.total_token - 1)
+            return build_tree(torch.cat([root, tokens[kept]]), reindex_parents(kept, parents))
+
+    def _draft_candidates(self, state: DecodeState, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The EAGLE-2 candidate pool: top_k children of the top_k best nodes, `depth` levels.
+
+        Returns target token ids [M], cumulative draft log-probs [M] and parents [M]
+        (candidate indices, -1 = the root), parents before children; M = k + (depth-1)*k*k.
+        """
+        k = min(self.top_k, self._draft_lm_head.weight.shape[0])
         drafts = _DraftCache(state)
-        logp = self._draft_logp(state.draft_hidden)  # [1, V]
+        logp = self._draft_logp(state.draft_hidden)  # [1, Vd]
         tokens, scores, _ = expand_topk(torch.zeros(1), logp, k)  # [k] depth-1 candidates
+        tokens = self._to_target(tokens)
         parents = torch.full((k,), -1, dtype=torch.long)
         frontier = torch.arange(k)  # candidate indices
         frontier_rows = torch.full((k,), -1, dtype=torch.long)  # their parents' rows in `drafts`
         features = state.draft_hidden.expand(k, -1)  # [k, H] head outputs of their parents
         all_tokens, all_scores, all_parents = [tokens], [scores], [parents]
         n = k
-        for d in range(1, self.depth):
+        for d in range(1, depth):
             hidden, rows = drafts.feed(self, _cat(all_tokens)[frontier], features, frontier_rows, d)
-            logp = self._draft_logp(hidden)  # [k, V]
+            logp = self._draft_logp(hidden)  # [k, Vd]
             new_tokens, new_scores, from_row = expand_topk(_cat(all_scores)[frontier], logp, k)  # [k*k]
-            all_tokens.append(new_tokens)
+            all_tokens.append(self._to_target(new_tokens))
             all_scores.append(new_scores)
             all_parents.append(frontier[from_row])
             best = new_scores.topk(k).indices  # next frontier, positions in the new candidates
             frontier, frontier_rows, features = n + best, rows[from_row[best]], hidden[from_row[best]]
             n += new_tokens.numel()
-        tokens, scores, parents = _cat(all_tokens), _cat(all_scores), _cat(all_parents)
-        kept = select_nodes(scores, parents, self.total_token - 1)
-        return build_tree(torch.cat([root, tokens[kept]]), reindex_parents(kept, parents))
+        return _cat(all_tokens), _cat(all_scores), _cat(all_parents)
 
     def _draft_static(self, state: DecodeState, root: torch.Tensor) -> Tree:
         """EAGLE-1: the fixed choice list; node tokens are the top-k ranks of their parent's draft."""
@@ -299,18 +348,24 @@ class EaModel(nn.Module):
                 hidden, rows = drafts.feed(self, tokens[parents], feats, rows_in, d)
                 hidden_of.update({p: hidden[i] for i, p in enumerate(parents)})
                 row_of.update({p: int(rows[i]) for i, p in enumerate(parents)})
-            logp = self._draft_logp(torch.stack([hidden_of[p] for p in parents]))  # [m, V]
-            kmax = min(int(shape.ranks[children].max()) + 1, self._vocab)
-            top = logp.topk(kmax, dim=-1).indices  # [m, kmax]
+            logp = self._draft_logp(torch.stack([hidden_of[p] for p in parents]))  # [m, Vd]
+            kmax = min(int(shape.ranks[children].max()) + 1, logp.shape[-1])
+            top = self._to_target(logp.topk(kmax, dim=-1).indices)  # [m, kmax]
             where = {p: i for i, p in enumerate(parents)}
             for c in children:
                 rank = int(shape.ranks[c])
                 tokens[c] = top[where[int(shape.parents[c])], min(rank, kmax - 1)]
-        return build_tree(tokens, shape.parents)
+        with record_function("eagle.draft.tree"):
+            return build_tree(tokens, shape.parents)
 
     def _draft_logp(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft log-probs [m, V] (fp32, on the CPU) from head outputs [m, H]."""
-        return self.target.get_output_embeddings()(hidden).float().log_softmax(dim=-1).cpu()
+        """Draft log-probs over the draft vocabulary [m, Vd] (fp32, on the CPU) from head outputs [m, H]."""
+        with record_function("eagle.draft.lm_head"):
+            return self._draft_lm_head(hidden).float().log_softmax(dim=-1).cpu()
+
+    def _to_target(self, draft_tokens: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary indices -> target token ids (same shape)."""
+        return draft_tokens if self._draft_ids is None else self._draft_ids[draft_tokens]
 
     # ---- model calls ----------------------------------------------------------------------
 
@@ -331,10 +386,6 @@ class EaModel(nn.Module):
     @property
     def _dtype(self) -> torch.dtype:
         return self.target.get_input_embeddings().weight.dtype
-
-    @property
-    def _vocab(self) -> int:
-        return self.target.get_output_embeddings().weight.shape[0]
 
     # ---- bookkeeping ----------------------------------------------------------------------
 
@@ -388,8 +439,27 @@ class _DraftCache:
         device = model.target.device
         mask = additive_mask(allowed, model._dtype).to(device)
         positions = torch.full((m,), self.committed - 1 + depth, device=device)
-        hidden, self.past = model._head_forward(features, tokens.to(device), positions, mask, self.past)
+        with record_function("eagle.draft.head"):
+            hidden, self.past = model._head_forward(features, tokens.to(device), positions, mask, self.past)
         return hidden, torch.arange(f, f + m)
+
+
+def _draft_vocabulary(head: DraftHead, lm_head: nn.Linear, size: int | None) -> tuple[torch.Tensor | None, nn.Linear]:
+    """(target ids of the draft vocabulary [Vd] or None, the lm_head rows the draft scores with)."""
+    ids = head.draft_ids
+    if size is not None:
+        if ids is None:
+            raise ValueError("draft_vocab needs a head with a stored draft vocabulary (python -m train.vocab STORE --head DIR)")
+        ids = ids[:size]
+    if ids is None:
+        return None, lm_head
+    ids = ids.to("cpu", torch.long)
+    rows = nn.Linear(lm_head.in_features, ids.numel(), bias=lm_head.bias is not None)
+    rows = rows.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype).requires_grad_(False)
+    rows.weight.copy_(lm_head.weight[ids.to(lm_head.weight.device)])
+    if lm_head.bias is not None:
+        rows.bias.copy_(lm_head.bias[ids.to(lm_head.weight.device)])
+    return ids, rows
 
 
 def _load_tokenizer(path: Path):

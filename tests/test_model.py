@@ -10,7 +10,7 @@ import torch
 from conftest import embedded_target_or_skip, tiny_llama
 from transformers import LlamaConfig
 
-from eagle.checkpoint import save_head
+from eagle.checkpoint import load_head, save_head, write_draft_vocab
 from eagle.draft import DraftConfig, DraftHead
 from eagle.model import EaModel, _DraftCache
 from eagle.tree import static_tree
@@ -321,3 +321,93 @@ def test_embedded_target_greedy_equality_random_head():
         print(f"\n{q!r}: tau {stats.tau:.2f}, {stats.tokens_per_second:.1f} tok/s "
               f"(HF generate {(ref.shape[1] - ids.shape[1]) / hf_seconds:.1f} tok/s)")
         assert torch.equal(out, ref)
+
+
+# ---- draft vocabulary ------------------------------------------------------------------
+
+
+def test_draft_vocabulary_round_trips_in_eagle3_layout(tmp_path):
+    target, head = near_bigram_pair(2)
+    head.draft_ids = torch.tensor([7, 3, 100, 5])
+    save_head(tmp_path / "head", head, dtype=torch.float32)
+    from safetensors.torch import load_file
+
+    stored = load_file(str(tmp_path / "head" / "model.safetensors"))
+    assert stored["d2t"].tolist() == [7, 2, 98, 2]  # target id of draft id i = i + d2t[i]
+    assert stored["t2d"].dtype == torch.bool and int(stored["t2d"].sum()) == 4 and bool(stored["t2d"][100])
+
+    assert load_head(tmp_path / "head").draft_ids.tolist() == [7, 3, 100, 5]
+    write_draft_vocab(tmp_path / "head", torch.tensor([1, 2]))
+    assert load_head(tmp_path / "head").draft_ids.tolist() == [1, 2]
+    with pytest.raises(ValueError, match="distinct target ids"):
+        write_draft_vocab(tmp_path / "head", torch.tensor([1, 1]))
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("seed", range(3))
+def test_greedy_equality_with_a_reduced_draft_vocabulary(seed, tree):
+    target, head = near_bigram_pair(seed)
+    ids = prompt(seed, 6)
+    ref = hf_greedy(target, ids, 40)
+    freq = torch.bincount(ref[0], minlength=128)  # most frequent output tokens first
+    head.draft_ids = torch.sort(-freq, stable=True).indices[:48]
+    model = EaModel(target, head, **TREES[tree], draft_vocab=32)
+    assert torch.equal(model.eagenerate(ids, max_new_tokens=40), ref)
+    drafted = set(model._draft_ids.tolist())
+    state, _ = model._prefill(ids, SamplingParams())
+    assert set(model._draft_tree(state).tokens[1:].tolist()) <= drafted  # drafts come from the subset
+    assert model.last_stats.tau > 1.2
+
+
+def test_draft_vocab_without_a_stored_vocabulary_is_a_clear_error():
+    target, head = near_bigram_pair(0)
+    with pytest.raises(ValueError, match="stored draft vocabulary"):
+        EaModel(target, head, draft_vocab=16)
+
+
+# ---- total_token="auto" ----------------------------------------------------------------
+
+
+def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless():
+    """The tuner's accept length for every (n, d) equals verifying that tree for real, on every step."""
+    from eagle.autotune import calibration_prompts, tune_tree
+    from eagle.cache import commit_cache
+    from eagle.tree import build_tree, reindex_parents, select_nodes, tree_attention_mask
+    from eagle.verify import verify_greedy
+
+    target, head = near_bigram_pair(3, coupling=0.3)
+    model = EaModel(target, head, total_token=8, depth=3, top_k=4)
+    sizes, depths, steps = (4, 8, 16), (2, 4), 6
+    prompts = calibration_prompts(model)[:2]
+    with torch.inference_mode():
+        budget = tune_tree(model, prompts, sizes=sizes, depths=depths, steps_per_prompt=steps, repeats=1)
+        real = {key: [] for key in budget.accepted}
+        for ids in prompts:  # replay the calibration trajectory, verifying each (n, d) tree with the target
+            state, _ = model._prefill(ids, SamplingParams())
+            for _ in range(steps):
+                root, past = state.ids[0, -1:], state.committed
+                for n, d in real:
+                    tokens, scores, parents = model._draft_candidates(state, d)
+                    kept = select_nodes(scores, parents, n - 1)
+                    tree = build_tree(torch.cat([root, tokens[kept]]), reindex_parents(kept, parents))
+                    mask = tree_attention_mask(tree.ancestors, past, model._dtype)
+                    logits, _ = model._target_forward(tree.tokens, past + tree.depths, mask, state.target_cache)
+                    commit_cache(state.target_cache, past, torch.zeros(0, dtype=torch.long))
+                    real[(n, d)].append(verify_greedy(tree, logits)[0].numel())
+                big = model._draft_candidates(state, max(depths))
+                kept = select_nodes(big[1], big[2], max(sizes) - 1)
+                state, _ = model._step(state, build_tree(torch.cat([root, big[0][kept]]), reindex_parents(kept, big[2])),
+                                       SamplingParams())
+    assert real == budget.accepted
+    assert {(r["total_token"], r["depth"]) for r in budget.grid} == set(real)
+    assert max(max(v) for v in real.values()) >= 3  # long paths really occur
+    auto = EaModel(target, head, total_token="auto", top_k=4)
+    assert auto.tuning is not None and (auto.total_token, auto.depth) == (auto.tuning.total_token, auto.tuning.depth)
+    ids = prompt(1, 5)
+    assert torch.equal(auto.eagenerate(ids, max_new_tokens=30), hf_greedy(target, ids, 30))
+
+
+def test_bad_total_token_is_a_clear_error():
+    target, head = near_bigram_pair(0)
+    with pytest.raises(ValueError, match="total_token"):
+        EaModel(target, head, total_token="big")

@@ -174,7 +174,8 @@ def test_training_with_hub_push_uploads_the_exported_head(hub, tmp_path, monkeyp
         cfg = compose(config_name="config", overrides=[
             "+model=smollm2_135m", f"model.path={tmp_path / 'target'}", f"store_dir={tmp_path / 'store'}",
             f"output_dir={tmp_path / 'run'}", "wandb.mode=disabled", "train.max_steps=2", "train.batch_tokens=128",
-            "train.progress=false", "hub.push=true", "hub.repo_id=carol/eagle-tiny", f"hub.endpoint={endpoint}",
+            "train.progress=false", "train.tau_every=0", "hub.push=true", "hub.repo_id=carol/eagle-tiny",
+            f"hub.endpoint={endpoint}",
         ])
     result = run(cfg)
     files = server.repos["carol/eagle-tiny"]

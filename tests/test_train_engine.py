@@ -52,7 +52,7 @@ def overrides(tiny, out: Path, *extra: str) -> list[str]:
         "+model=smollm2_135m", f"model.path={target}", f"store_dir={store}", f"output_dir={out}",
         "wandb.mode=disabled", "train.batch_tokens=256", "train.lr=3e-3", "train.warmup_steps=3",
         "train.eval_fraction=0.2", "train.log_every=5", "train.eval_every=0", "train.save_every=0",
-        "train.progress=false", *extra,
+        "train.progress=false", "train.tau_every=0", *extra,  # the tiny target has no tokenizer for τ
     ]
 
 

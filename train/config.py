@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 @dataclass
 class TrainConfig:
-    """Optimizer, schedule, batching, loss, evaluation and checkpointing of one run."""
+    """Optimizer, schedule, batching, loss, evaluation (held-out loss, τ) and checkpointing of one run."""
 
     lr: float = 3e-5
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
@@ -36,6 +36,10 @@ class TrainConfig:
     eval_fraction: float = 0.05
     eval_every: int = 1000
     eval_max_batches: int | None = None
+    tau_every: int = 0  # optimizer steps between τ measurements by real decoding; 0 = off (>0: also at the end)
+    tau_prompts: str = "mtbench"  # an eagle.bench prompt set, never in the training data
+    tau_num_prompts: int = 8
+    tau_max_new_tokens: int = 64
     log_every: int = 10
     save_every: int = 1000
     keep_last: int = 2
@@ -87,6 +91,8 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise ValueError("train.grad_accum must be >= 1 and train.batch_tokens >= 2")
     if t.topk < 1:
         raise ValueError("train.topk must be >= 1")
+    if t.tau_every < 0 or t.tau_num_prompts < 1 or t.tau_max_new_tokens < 1:
+        raise ValueError("train.tau_every must be >= 0, train.tau_num_prompts and train.tau_max_new_tokens >= 1")
     if cfg.wandb.mode not in (None, "online", "offline", "disabled"):
         raise ValueError(f"wandb.mode={cfg.wandb.mode!r}: expected online, offline, disabled or null")
     if cfg.hub.push and not cfg.hub.repo_id:

@@ -3,6 +3,9 @@
     trainer = Trainer(cfg)   # process group, store, frozen target matrices, engine, resume
     result = trainer.fit()   # train, evaluate, checkpoint, export output_dir/head
 
+Evaluation: held-out loss and top-k every `eval_every` steps, and τ by real decoding of
+held-back prompts every `tau_every` steps (train.acceptance; rank 0 decodes); both at the end.
+
 Resume: every `save_every` steps (and at the end) a DeepSpeed checkpoint goes to
 output_dir/checkpoints/stepNNNNNNNN with the step in its client state. The batch plan and
 the input noise depend only on (seed, micro-step), so a resumed run sees the same batches
@@ -29,6 +32,7 @@ from tqdm import tqdm
 
 from data_prep.store import FeatureStore
 from eagle.draft import DraftConfig, DraftHead
+from train.acceptance import Judge, held_back_prompts
 from train.data import Batch, BatchPlan, length_batches, loader, split_indices
 from train.engine import build_engine, compute_dtype, ds_config, full_state_dict, init_distributed
 from train.export import CardInfo, export_head, model_card
@@ -46,8 +50,9 @@ class FitResult:
     step: int
     stopped: bool  # True when train.stop_after ended the run early (no export)
     train_metrics: dict[str, float] = field(default_factory=dict)
-    eval_metrics: dict[str, float] = field(default_factory=dict)
+    eval_metrics: dict[str, float] = field(default_factory=dict)  # on rank 0 with tau_* when tau_every > 0
     head_dir: Path | None = None
+    tau_history: list[dict[str, float]] = field(default_factory=list)  # rank 0: {"step", "tau_tree", ...} each time
 
 
 class Trainer:
@@ -82,6 +87,8 @@ class Trainer:
         self.record_batches = False  # throughput measurement: keep the micro-batches seen
         self.seen_batches: list[list[int]] = []
         self._saved_step = -1
+        self.judge: Judge | None = self._judge() if t.tau_every and self.rank == 0 else None
+        self.tau_history: list[dict[str, float]] = []
         self._maybe_resume()
 
     # ---------------------------------------------------------------- steps
@@ -129,8 +136,8 @@ class Trainer:
             if self.step % t.log_every == 0 or self.step == self.total_steps:
                 train_metrics = self._log_window(window, now - window_start, bar, wb)
                 window, window_start = _zeros(), time.perf_counter()
-            if t.eval_every and self.step % t.eval_every == 0 and self.step < self.total_steps:
-                self._log_eval(wb, self.evaluate())
+            if self.step < self.total_steps:
+                self._evaluate_due(wb)
             if t.save_every and self.step % t.save_every == 0:
                 self.save()
             if t.stop_after and self.step >= t.stop_after and self.step < self.total_steps:
@@ -138,15 +145,28 @@ class Trainer:
                     self.save()
                 bar.close()
                 self._wandb_finish(wb)
-                return FitResult(self.step, True, train_metrics)
+                return FitResult(self.step, True, train_metrics, tau_history=self.tau_history)
         bar.close()
         if self._saved_step != self.step:
             self.save()
         eval_metrics = self.evaluate()
+        if t.tau_every:
+            eval_metrics.update(self.acceptance())
         self._log_eval(wb, eval_metrics)
         head_dir = self.export(train_metrics, eval_metrics)
         self._wandb_finish(wb, eval_metrics)
-        return FitResult(self.step, False, train_metrics, eval_metrics, head_dir)
+        return FitResult(self.step, False, train_metrics, eval_metrics, head_dir, self.tau_history)
+
+    def _evaluate_due(self, wb) -> None:
+        """Held-out metrics and/or τ when this step is a multiple of eval_every / tau_every: one log line."""
+        t = self.cfg.train
+        metrics: dict[str, float] = {}
+        if t.eval_every and self.step % t.eval_every == 0:
+            metrics.update(self.evaluate())
+        if t.tau_every and self.step % t.tau_every == 0:
+            metrics.update(self.acceptance())
+        if metrics:
+            self._log_eval(wb, metrics)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -172,6 +192,24 @@ class Trainer:
         self.engine.train()
         sums = _all_reduce(sums)
         return summarize(sums, t.topk)
+
+    def acceptance(self) -> dict[str, float]:
+        """τ of the current weights by greedy decoding on rank 0 ({} elsewhere). Collective (ZeRO-3
+        gathers on all ranks); leaves the engine's mode and the global RNG state as they were."""
+        state = full_state_dict(self.engine)
+        metrics: dict[str, float] = {}
+        if self.rank == 0:
+            metrics = self.judge.measure_state(state, self.draft_config).metrics()
+            self.tau_history.append({"step": self.step, **metrics})
+        dist.barrier()  # the other ranks wait here, not inside the next step's all-reduce
+        return metrics
+
+    def _judge(self) -> Judge:
+        """Prompts tokenized now (bad settings fail before training); the target loads on first use."""
+        t, m = self.cfg.train, self.cfg.model
+        texts = held_back_prompts(t.tau_prompts, t.tau_num_prompts)
+        dtype = getattr(torch, m.get("dtype") or "bfloat16")
+        return Judge.from_target_dir(self.target_dir, texts, t.tau_max_new_tokens, dtype, m.get("chat_template"))
 
     # ---------------------------------------------------------------- checkpoints
 

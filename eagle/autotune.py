@@ -1,0 +1,177 @@
+"""`total_token="auto"`: the EAGLE-2 tree budget and depth that decode fastest on this device.
+
+A bigger tree accepts more tokens per step but costs more to verify, and a deeper draft
+costs one more head forward per level; where the optimum lies depends on the hardware
+(on a GPU the verify forward is almost free up to ~60 nodes, on a CPU it is not) and on
+the head. `tune_tree` measures both sides at load time:
+
+1. **Acceptance.** Greedy decoding of a few calibration prompts with the largest candidate
+   pool. At every step the target verifies the best `max(SIZES)` candidates in one forward,
+   which tells, for each candidate, whether its whole path matches the target's greedy
+   tokens. Because EAGLE-2 keeps the best `n` candidates by score, and a pool of depth d is
+   the first d levels of the deeper pool, the accepted length of *every* (n, d) on the same
+   step follows from that one forward: the deepest correct node among the n-1 best
+   candidates of depth <= d. (Greedy decoding does not depend on the tree, so all budgets
+   see the same contexts.)
+2. **Cost.** Medians of the wall time of the target forward over n tree tokens, of drafting
+   to depth d, and of the rest of a step (acceptance, cache commit, head update).
+
+The choice maximises mean(accepted + 1) / (draft(d) + verify(n) + rest) over the grid.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from eagle.cache import commit_cache
+from eagle.tree import build_tree, reindex_parents, select_nodes, tree_attention_mask
+from eagle.verify import SamplingParams
+
+log = logging.getLogger("eagle")
+
+SIZES = (8, 12, 16, 24, 32, 48, 64)
+DEPTHS = (3, 4, 5, 6, 7)
+CALIBRATION_TEXTS = (
+    "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+    "Explain the difference between a list and a tuple in Python, with examples.",
+    "A train travels 120 km in 1.5 hours. What is its average speed? Show your steps.",
+    "Give me five tips for staying focused while working from home.",
+)
+
+
+@dataclass
+class TreeBudget:
+    """The chosen budget and the measurements behind it."""
+
+    total_token: int
+    depth: int
+    tokens_per_second: float
+    grid: list[dict] = field(default_factory=list)  # one row per (total_token, depth)
+    verify_ms: dict[int, float] = field(default_factory=dict)
+    draft_ms: dict[int, float] = field(default_factory=dict)
+    rest_ms: float = 0.0
+    accepted: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (n, d) -> per-step lengths
+
+
+def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, depths=DEPTHS,
+              steps_per_prompt: int = 16, repeats: int = 5) -> TreeBudget:
+    """Measure acceptance and cost on this device; return the fastest (total_token, depth)."""
+    prompts = prompts if prompts is not None else calibration_prompts(model)
+    sizes, depths = sorted(sizes), sorted(depths)
+    accepted: dict[tuple[int, int], list[int]] = {(n, d): [] for n in sizes for d in depths}
+    rest: list[float] = []
+    state = None
+    for ids in prompts:
+        state, _ = model._prefill(ids, SamplingParams())
+        for _ in range(steps_per_prompt):
+            state, seconds = _calibration_step(model, state, sizes, depths, accepted)
+            rest.append(seconds)
+    verify_ms = {n: _median_ms(lambda n=n: _verify_only(model, state, n), repeats) for n in sizes}
+    draft_ms = {d: _median_ms(lambda d=d: _draft_only(model, state, d), repeats) for d in depths}
+    rest_ms = max(0.0, statistics.median(rest) * 1e3 - verify_ms[sizes[-1]])
+    grid = []
+    for (n, d), lengths in accepted.items():
+        cost = draft_ms[d] + verify_ms[n] + rest_ms
+        tau = statistics.fmean(lengths)
+        grid.append({"total_token": n, "depth": d, "tau": tau, "ms_per_step": cost, "tokens_per_s": 1e3 * tau / cost})
+    best = max(grid, key=lambda r: r["tokens_per_s"])
+    return TreeBudget(best["total_token"], best["depth"], best["tokens_per_s"], grid, verify_ms, draft_ms, rest_ms,
+                      accepted)
+
+
+def calibration_prompts(model) -> list[torch.Tensor]:
+    """Chat prompts through the tokenizer's template, or seeded random ids without a tokenizer."""
+    if model.tokenizer is not None and getattr(model.tokenizer, "chat_template", None):
+        return [model.tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
+                                                    return_tensors="pt", return_dict=True)["input_ids"]
+                for t in CALIBRATION_TEXTS]
+    vocab = model.target.get_input_embeddings().weight.shape[0]
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(0, vocab, (1, 12), generator=gen) for _ in CALIBRATION_TEXTS]
+
+
+def _calibration_step(model, state, sizes, depths, accepted) -> tuple[object, float]:
+    """Score every (n, d) on one step, then advance the greedy decoding; returns (state, step seconds)."""
+    root = state.ids[0, -1:].cpu()
+    tokens, scores, parents = model._draft_candidates(state, depths[-1])  # [M]
+    kept = select_nodes(scores, parents, sizes[-1] - 1)
+    tree = build_tree(torch.cat([root, tokens[kept]]), reindex_parents(kept, parents))
+    past = state.committed
+    mask = tree_attention_mask(tree.ancestors, past, model._dtype).to(state.ids.device)
+    logits, _ = model._target_forward(tree.tokens.to(state.ids.device), past + tree.depths.to(state.ids.device),
+                                      mask, state.target_cache)
+    commit_cache(state.target_cache, past, torch.zeros(0, dtype=torch.long))  # undo: the real step re-verifies
+    correct = _correct_candidates(tree, logits.argmax(-1).cpu(), kept, scores.numel())  # [M] bool
+    depth = _depths(parents)  # [M]
+    for d in depths:
+        in_pool = (depth <= d).nonzero().flatten()
+        order = in_pool[torch.sort(scores[in_pool], descending=True, stable=True).indices]
+        for n in sizes:
+            chosen = order[: n - 1]
+            ok = correct[chosen]
+            accepted[(n, d)].append(1 + (int(depth[chosen][ok].max()) if bool(ok.any()) else 0))
+    start = time.perf_counter()
+    state, _ = model._step(state, tree, SamplingParams())
+    return state, time.perf_counter() - start
+
+
+def _correct_candidates(tree, best: torch.Tensor, kept: torch.Tensor, m: int) -> torch.Tensor:
+    """[M] bool: candidate is in the tree and its whole root-to-node path is the target's greedy choice."""
+    node_ok = torch.zeros(tree.size, dtype=torch.bool)
+    node_ok[0] = True
+    for i in range(1, tree.size):  # parents before children
+        p = int(tree.parents[i])
+        node_ok[i] = bool(node_ok[p]) and int(tree.tokens[i]) == int(best[p])
+    out = torch.zeros(m, dtype=torch.bool)
+    out[kept] = node_ok[1:]
+    return out
+
+
+def _depths(parents: torch.Tensor) -> torch.Tensor:
+    """Depth of each candidate (1 for the root's children), parents listed first. [M]"""
+    depth = torch.ones(parents.numel(), dtype=torch.long)
+    for i, p in enumerate(parents.tolist()):
+        if p >= 0:
+            depth[i] = depth[p] + 1
+    return depth
+
+
+def _verify_only(model, state, n: int) -> None:
+    """One target forward over an n-token tree (a chain of root children), then crop it away."""
+    past = state.committed
+    device = state.ids.device
+    ancestors = torch.ones(n, n, dtype=torch.bool).tril()
+    mask = tree_attention_mask(ancestors, past, model._dtype).to(device)
+    tokens = state.ids[0, -1:].expand(n).contiguous()
+    positions = past + torch.arange(n, device=device)
+    model._target_forward(tokens, positions, mask, state.target_cache)
+    commit_cache(state.target_cache, past, torch.zeros(0, dtype=torch.long))
+
+
+def _draft_only(model, state, depth: int) -> None:
+    model._draft_candidates(state, depth)
+
+
+def _median_ms(fn, repeats: int) -> float:
+    times = []
+    for _ in range(repeats + 1):  # the first call warms up
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times[1:]) * 1e3
+
+
+def describe(budget: TreeBudget) -> str:
+    """One log line per depth: the best size and its expected tokens/s."""
+    lines = [f"tree budget: total_token={budget.total_token} depth={budget.depth} "
+             f"(expected {budget.tokens_per_second:.1f} tok/s; rest of step {budget.rest_ms:.1f} ms)"]
+    for d in sorted({r["depth"] for r in budget.grid}):
+        rows = [r for r in budget.grid if r["depth"] == d]
+        lines.append(f"  depth {d} (draft {budget.draft_ms[d]:.1f} ms): " + ", ".join(
+            f"n={r['total_token']} τ={r['tau']:.2f} {r['tokens_per_s']:.0f}/s" for r in rows))
+    return "\n".join(lines)

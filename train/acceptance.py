@@ -1,0 +1,181 @@
+"""Judging a head by real decoding: τ on held-back chat prompts while it trains.
+
+Held-out top-1 says how often the draft's next token is right given the target's *true*
+features; τ (new tokens per target forward) is what decoding gains once the head drafts
+several tokens on its own predictions. The two can disagree, so the trainer reports both.
+
+    judge = Judge.from_target_dir(target_dir, held_back_prompts("mtbench", 8), max_new_tokens=64)
+    judge.measure_state(state, draft_config).metrics()
+    # {"tau_tree": ..., "tau_chain": ..., "tau_seconds": ...}
+
+Two trees: the EAGLE-2 dynamic tree (`tree`) and a plain 5-token chain (`chain`). Decoding is
+greedy over a fixed list of prompts, so the same head always gets the same τ. The target is
+loaded on first use and kept; no global RNG state changes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from eagle.draft import DraftConfig, DraftHead
+from eagle.tree import Choices
+
+log = logging.getLogger("train")
+
+CHAIN: Choices = [[0] * d for d in range(1, 6)]  # [[0], [0, 0], ..., [0, 0, 0, 0, 0]]
+TREES: dict[str, str | Choices] = {"tree": "dynamic", "chain": CHAIN}
+
+
+@dataclass
+class TauCount:
+    """Tokens and target forwards (after the prefill) summed over prompts."""
+
+    new_tokens: int = 0
+    steps: int = 0
+
+    @property
+    def tau(self) -> float:
+        return self.new_tokens / self.steps if self.steps else float("nan")
+
+
+@dataclass
+class Acceptance:
+    """τ of one head under each tree, and the seconds all the decoding took."""
+
+    counts: dict[str, TauCount] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """{"tau_<tree>": τ, ..., "tau_seconds": s}, the keys the trainer logs."""
+        out = {f"tau_{name}": c.tau for name, c in self.counts.items()}
+        out["tau_seconds"] = self.seconds
+        return out
+
+
+# ---- prompts ---------------------------------------------------------------------------------
+
+
+def held_back_prompts(name: str, n: int) -> list[str]:
+    """First turns of `n` questions of an eagle.bench prompt set, categories interleaved.
+
+    `name` is what `eagle.bench.load_questions` reads (`mtbench`, `sharegpt-heldout`, a JSONL
+    path). MT-bench lists its questions category by category; taking them round-robin makes
+    8 prompts cover its 8 categories.
+    """
+    from eagle.bench import load_questions
+
+    questions = load_questions(name)
+    seen: dict[str, int] = {}
+    ranked = []  # (rank within its category, original index, text)
+    for i, q in enumerate(questions):
+        seen[q.category] = seen.get(q.category, 0) + 1
+        ranked.append((seen[q.category], i, q.turns[0]))
+    return [text for _, _, text in sorted(ranked)[:n]]
+
+
+def encode_prompts(tokenizer, texts: list[str]) -> list[torch.Tensor]:
+    """One user turn each, through the chat template with the generation prompt. [1, S_i] each"""
+    out = []
+    for text in texts:
+        enc = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                            return_tensors="pt", return_dict=True)
+        out.append(enc["input_ids"])
+    return out
+
+
+# ---- decoding --------------------------------------------------------------------------------
+
+
+def count_tau(model, prompts: list[torch.Tensor], max_new_tokens: int) -> TauCount:
+    """Greedy `eagenerate` over prompts [1, S_i] in order; sums `last_stats` of an EaModel."""
+    count = TauCount()
+    for ids in prompts:
+        model.eagenerate(ids, temperature=0.0, max_new_tokens=max_new_tokens)
+        count.new_tokens += model.last_stats.new_tokens
+        count.steps += model.last_stats.steps
+    return count
+
+
+def head_from_state(state: dict[str, torch.Tensor], config: DraftConfig, dtype: torch.dtype) -> DraftHead:
+    """A DraftHead in `dtype` from a full state dict (e.g. train.engine.full_state_dict)."""
+    head = DraftHead(config)
+    head.load_state_dict({k: v.float() for k, v in state.items()})
+    return head.to(dtype).eval().requires_grad_(False)
+
+
+class Judge:
+    """Measures τ of heads on a fixed prompt list with one frozen target.
+
+    `load_target` is called once, on the first measurement. `tokenizer` (optional) only
+    supplies EOS ids to the decoder; prompts are already token ids.
+    """
+
+    def __init__(self, prompts: list[torch.Tensor], load_target: Callable[[], nn.Module], max_new_tokens: int = 64,
+                 tokenizer=None, trees: dict[str, str | Choices] | None = None):
+        self.prompts, self.max_new_tokens, self.tokenizer = prompts, max_new_tokens, tokenizer
+        self.trees = dict(TREES if trees is None else trees)
+        self._load_target = load_target
+        self._target: nn.Module | None = None
+
+    @classmethod
+    def from_target_dir(cls, target_dir: str | Path, texts: list[str], max_new_tokens: int = 64,
+                        dtype: torch.dtype = torch.bfloat16, chat_template: str | None = None) -> Judge:
+        """Tokenize `texts` with the target's chat template now; load the target on first use."""
+        from eagle.targets import load_tokenizer
+
+        try:
+            tokenizer = load_tokenizer(target_dir, chat_template)
+        except (OSError, ValueError) as e:
+            raise ValueError(f"{target_dir}: no usable tokenizer with a chat template, which τ on chat prompts "
+                             f"needs (set train.tau_every=0 to turn it off): {str(e).splitlines()[0]}") from e
+        return cls(encode_prompts(tokenizer, texts), lambda: _load_target(target_dir, dtype), max_new_tokens, tokenizer)
+
+    @property
+    def target(self) -> nn.Module:
+        if self._target is None:
+            start = time.perf_counter()
+            self._target = self._load_target()
+            log.info("τ judge: target loaded in %.1f s", time.perf_counter() - start)
+        return self._target
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.target.get_input_embeddings().weight.dtype
+
+    def measure(self, head: DraftHead) -> Acceptance:
+        """τ of `head` (in the target's dtype) under every tree of the judge."""
+        from eagle.model import EaModel
+
+        result = Acceptance()
+        start = time.perf_counter()
+        for name, tree in self.trees.items():
+            model = EaModel(self.target, head, self.tokenizer, tree=tree)
+            result.counts[name] = count_tau(model, self.prompts, self.max_new_tokens)
+        result.seconds = time.perf_counter() - start
+        return result
+
+    def measure_state(self, state: dict[str, torch.Tensor], config: DraftConfig) -> Acceptance:
+        """`measure` of a head built from full weights; the global RNG state is left as it was.
+
+        Non-finite weights (a diverged run) give τ = nan instead of decoding garbage drafts.
+        """
+        if not all(bool(torch.isfinite(v).all()) for v in state.values()):
+            log.warning("τ judge: the head has non-finite weights; reporting tau = nan")
+            return Acceptance({name: TauCount() for name in self.trees})
+        with torch.random.fork_rng(devices=[]):  # DraftHead init and model loading draw from it
+            head = head_from_state(state, config, self.dtype)
+            return self.measure(head)
+
+
+def _load_target(target_dir: str | Path, dtype: torch.dtype) -> nn.Module:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype, attn_implementation="sdpa")
+    return model.eval().requires_grad_(False)

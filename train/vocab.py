@@ -1,0 +1,68 @@
+"""The draft vocabulary: the target tokens the draft may propose, most frequent first.
+
+The target verifies every draft, so restricting the draft to a subset of the vocabulary
+never changes the output; it only removes the full-vocabulary `lm_head` work from drafting
+(on a CPU the draft's largest cost). Counting happens over the tokens the draft has to
+predict in training: assistant tokens (loss mask) of the feature store.
+
+    python -m train.vocab STORE_DIR [--head HEAD_DIR] [--size N]
+
+prints the coverage of the top-N tokens and, with --head, writes the vocabulary into that
+head's checkpoint (`d2t` / `t2d`, see eagle.checkpoint).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from data_prep.store import FeatureStore
+
+
+def token_counts(store: FeatureStore, indices: Iterable[int] | None = None, vocab_size: int | None = None) -> torch.Tensor:
+    """How often each token id occurs under the loss mask of the given records. [V] int64"""
+    vocab_size = vocab_size or int(store.manifest["target"]["vocab_size"])
+    counts = torch.zeros(vocab_size, dtype=torch.int64)
+    for i in range(len(store)) if indices is None else indices:
+        rec = store[i]
+        counts += torch.bincount(rec.input_ids[rec.loss_mask], minlength=vocab_size)
+    return counts
+
+
+def draft_ids(counts: torch.Tensor, size: int | None = None) -> torch.Tensor:
+    """Token ids by descending count (ties by id), seen tokens only, at most `size`. [N] long"""
+    order = torch.sort(-counts, stable=True).indices
+    order = order[: int((counts > 0).sum())]
+    return order[:size] if size else order
+
+
+def coverage(counts: torch.Tensor, sizes: Iterable[int]) -> dict[int, float]:
+    """Fraction of counted tokens inside the top-N ids, for each N."""
+    ranked = torch.sort(counts, descending=True).values.cumsum(0).double()
+    total = float(ranked[-1]) or 1.0
+    return {n: float(ranked[min(n, ranked.numel()) - 1]) / total for n in sizes}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("store", help="feature store directory")
+    ap.add_argument("--head", help="head directory to write the vocabulary into")
+    ap.add_argument("--size", type=int, default=None, help="keep at most N ids (default: every seen token)")
+    args = ap.parse_args(argv)
+    store = FeatureStore(args.store)
+    counts = token_counts(store)
+    for n, c in coverage(counts, (1024, 2048, 4096, 8192, 16384, 32768)).items():
+        print(f"top {n:>6}: {c:.4f} of {int(counts.sum()):,} assistant tokens")
+    if args.head:
+        from eagle.checkpoint import write_draft_vocab
+
+        ids = draft_ids(counts, args.size)
+        write_draft_vocab(Path(args.head), ids)
+        print(f"{args.head}: draft vocabulary of {ids.numel():,} ids written")
+
+
+if __name__ == "__main__":
+    main()
