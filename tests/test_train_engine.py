@@ -115,7 +115,8 @@ def test_exported_head_reproduces_trained_module(tiny, tmp_path):
     card = (result.head_dir / "README.md").read_text()
     assert "EaModel.from_pretrained" in card and "top1" in card and str(tiny[0]) in card
     assert sorted(p.name for p in result.head_dir.iterdir()) == ["README.md", "config.json", "model.safetensors"]
-    assert set(load_file(str(result.head_dir / "model.safetensors"))) == set(head.state_dict())
+    assert set(load_file(str(result.head_dir / "model.safetensors"))) == set(head.state_dict()) | {"d2t", "t2d"}
+    assert head.draft_ids is not None and head.draft_ids.numel() > 0  # training tokens, most frequent first
     assert list((tmp_path / "wandb").glob("offline-run-*")), "wandb offline run under output_dir"
 
 
@@ -174,3 +175,23 @@ def test_resume_after_sigkill(tiny, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"at step {saved}" in out.stdout + out.stderr  # Hydra's log handler writes to stdout
     assert "done: 40 steps" in out.stderr
+
+
+def test_reduced_draft_vocabulary_and_init_head(tiny, tmp_path):
+    """train.draft_vocab: the token loss runs over the N most frequent training tokens, the head
+    stores them; train.init_head starts a run from an exported head's weights."""
+    first = Trainer(make_cfg(tiny, tmp_path / "a", "train.max_steps=6", "train.draft_vocab=40"))
+    assert first.loss_lm_head.shape == (40, first.frozen.lm_head.shape[1])
+    counts = first.token_counts
+    assert torch.equal(first.loss_lm_head, first.frozen.lm_head[first.vocab_ids[:40]])
+    assert (counts[first.vocab_ids[:40]].min() >= counts[first.vocab_ids[40:]].max())  # the most frequent
+    before = first.evaluate()
+    result = first.fit()
+    assert result.eval_metrics["token_loss"] < before["token_loss"]
+    head = load_head(result.head_dir)
+    assert torch.equal(head.draft_ids, first.vocab_ids[:40])
+
+    second = Trainer(make_cfg(tiny, tmp_path / "b", "train.max_steps=1", f"train.init_head={result.head_dir}"))
+    start = second.engine.module.state_dict()
+    for key, value in head.state_dict().items():
+        assert torch.equal(start[key].to(value.dtype), value), key

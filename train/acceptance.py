@@ -179,3 +179,34 @@ def _load_target(target_dir: str | Path, dtype: torch.dtype) -> nn.Module:
 
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype, attn_implementation="sdpa")
     return model.eval().requires_grad_(False)
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
+    """`python -m train.acceptance HEAD_DIR`: τ of an exported head, as the trainer measures it."""
+    import argparse
+    import json
+
+    from eagle.checkpoint import load_head
+    from eagle.targets import resolve_target
+
+    ap = argparse.ArgumentParser(description="τ of a draft head by greedy decoding of held-back prompts.")
+    ap.add_argument("head", help="exported head directory")
+    ap.add_argument("--base", default="smollm2-135m-instruct", help="target: alias, folder or Hub id")
+    ap.add_argument("--prompts", default="sharegpt-heldout", help="mtbench | sharegpt-heldout | MT-bench-shaped JSONL")
+    ap.add_argument("--num-prompts", type=int, default=8)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    judge = Judge.from_target_dir(resolve_target(args.base), held_back_prompts(args.prompts, args.num_prompts),
+                                  args.max_new_tokens, dtype)
+    metrics = judge.measure(load_head(args.head, dtype=dtype)).metrics()
+    print(json.dumps({"head": args.head, **vars(args), **metrics}))
+    return metrics
+
+
+if __name__ == "__main__":
+    main()

@@ -18,6 +18,8 @@ class TrainConfig:
     """Optimizer, schedule, batching, loss, evaluation (held-out loss, τ) and checkpointing of one run."""
 
     lr: float = 3e-5
+    init_head: str | None = None  # start from an exported head's weights (fine-tuning)
+    draft_vocab: int | None = None  # token loss over the N most frequent training tokens only (None = all)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay: float = 0.0
     warmup_steps: int = 2000

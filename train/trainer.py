@@ -38,6 +38,7 @@ from train.engine import build_engine, compute_dtype, ds_config, full_state_dict
 from train.export import CardInfo, export_head, model_card
 from train.frozen import Frozen, load_frozen
 from train.loss import LossOutput, eagle_loss, make_pairs, summarize, uniform_noise
+from train.vocab import coverage, draft_ids, token_counts
 
 log = logging.getLogger("train")
 CHECKPOINTS = "checkpoints"
@@ -76,11 +77,14 @@ class Trainer:
         self.frozen: Frozen = load_frozen(self.target_dir, self.dtype)
         self.lengths = self.store.lengths()
         self.train_idx, self.eval_idx = split_indices(self.lengths, t.eval_fraction, cfg.seed)
+        self.token_counts = token_counts(self.store, self.train_idx, self.draft_config.vocab_size)  # [V]
+        self.vocab_ids = draft_ids(self.token_counts)  # [seen] target ids, most frequent first
+        self.loss_lm_head = self._loss_lm_head(t.draft_vocab)  # [Vd, H] rows the training token loss uses
         self.plan = BatchPlan(self.train_idx, self.lengths, t.batch_tokens, cfg.seed, self.rank, self.world)
         self.steps_per_epoch = max(1, self.plan.per_epoch // t.grad_accum)
         self.total_steps = int(t.max_steps or t.epochs * self.steps_per_epoch)
         torch.manual_seed(cfg.seed)
-        self.engine = build_engine(DraftHead(self.draft_config), cfg, self.total_steps)
+        self.engine = build_engine(_initial_head(self.draft_config, t.init_head), cfg, self.total_steps)
         self.step = 0  # optimizer steps done
         self.wandb_id: str | None = None
         self.step_times: list[tuple[int, float]] = []  # (pairs on this rank, seconds) per step
@@ -90,6 +94,15 @@ class Trainer:
         self.judge: Judge | None = self._judge() if t.tau_every and self.rank == 0 else None
         self.tau_history: list[dict[str, float]] = []
         self._maybe_resume()
+
+    def _loss_lm_head(self, size: int | None) -> torch.Tensor:
+        """The frozen lm_head, or its rows of the `size` most frequent training tokens (EAGLE-3's
+        reduced vocabulary: the token loss and its softmax run over these rows only). [Vd, H]"""
+        if not size:
+            return self.frozen.lm_head
+        share = coverage(self.token_counts, [size])[size]
+        log.info("draft vocabulary: %d tokens cover %.4f of the training tokens", size, share)
+        return self.frozen.lm_head[self.vocab_ids[:size]].contiguous()
 
     # ---------------------------------------------------------------- steps
 
@@ -101,7 +114,7 @@ class Trainer:
         features = uniform_noise(p.features, t.noise, t.noise_ref_len, gen).to(self.dtype)  # [B, S-1, H]
         embeds = self.frozen.embed_tokens(p.next_ids)  # [B, S-1, H]
         pred, _ = self.engine(features, embeds, p.position_ids)  # [B, S-1, H]
-        out = eagle_loss(pred, p.target, p.mask, self.frozen.lm_head, t.v_w, t.p_w, t.topk)
+        out = eagle_loss(pred, p.target, p.mask, self.loss_lm_head, t.v_w, t.p_w, t.topk)
         self.engine.backward(out.loss)
         self.engine.step()
         return out
@@ -253,7 +266,8 @@ class Trainer:
         head_dir = self.output_dir / HEAD
         if self.rank == 0:
             card = model_card(self.card_info(train_metrics, eval_metrics), self.cfg.hub.repo_id)
-            export_head(head_dir, state, self.draft_config, card, getattr(torch, self.cfg.train.export_dtype))
+            export_head(head_dir, state, self.draft_config, card, getattr(torch, self.cfg.train.export_dtype),
+                        self.vocab_ids[: self.cfg.train.draft_vocab or None])
         dist.barrier()
         return head_dir
 
@@ -394,3 +408,18 @@ def code_version() -> str:
     except (OSError, subprocess.SubprocessError):
         return "unknown"
     return commit + ("-dirty" if dirty else "")
+
+
+def _initial_head(config: DraftConfig, init_head: str | None) -> DraftHead:
+    """A fresh head, or one starting from an exported head's weights (fine-tuning; resume wins over it)."""
+    head = DraftHead(config)
+    if init_head:
+        from eagle.checkpoint import load_head
+
+        start = load_head(init_head, dtype=torch.float32)
+        if start.config.hidden_size != config.hidden_size or start.config.vocab_size != config.vocab_size:
+            raise ValueError(f"train.init_head={init_head}: head for hidden {start.config.hidden_size} / vocab "
+                             f"{start.config.vocab_size}, target has {config.hidden_size} / {config.vocab_size}")
+        head.load_state_dict(start.state_dict())
+        log.info("initialised the head from %s", init_head)
+    return head
