@@ -369,10 +369,17 @@ def main(argv=None) -> dict:
     table = summarize(runs)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"args": vars(args), "threads": torch.get_num_threads(), "torch": torch.__version__}
+    meta = {"args": vars(args), "threads": torch.get_num_threads(), "torch": torch.__version__,
+            "trees": {m: {"total_token": e.total_token, "depth": e.depth, "top_k": e.top_k,
+                          "draft_vocab": None if e._draft_ids is None else e._draft_ids.numel(),
+                          "tuning": None if e.tuning is None else e.tuning.grid}
+                      for m, e in bench.eagle.items()}}
     (out / "results.json").write_text(json.dumps({"meta": meta, "summary": table,
                                                   "runs": [asdict(r) for r in runs]}, indent=1))
     md = markdown(table, methods)
+    if bench.eagle:
+        md += "\n\n" + "; ".join(f"`{m}`: {t['total_token']} nodes, depth {t['depth']}, top-k {t['top_k']}, draft vocabulary "
+                                 f"{t['draft_vocab'] or 'full'}" for m, t in meta["trees"].items()) + "\n"
     (out / "results.md").write_text(md)
     plots(table, runs, methods, out)
     print(md)

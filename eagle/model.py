@@ -146,13 +146,12 @@ class EaModel(nn.Module):
             raise ValueError(f"head hidden size {head.config.hidden_size} != target hidden size {hidden}")
         self._draft_ids, self._draft_lm_head = _draft_vocabulary(head, target.get_output_embeddings(), draft_vocab)
         self.tuning: TreeBudget | None = None
-        if total_token == "auto":  # a static tree has a fixed size: nothing to tune
-            if self.static is None:
-                self.tune()
-            else:
-                self.total_token = len(self.static.paths)
-        elif not isinstance(total_token, int) or total_token < 1:
+        if total_token != "auto" and (not isinstance(total_token, int) or total_token < 1):
             raise ValueError(f"total_token={total_token!r}: expected a positive int or 'auto'")
+        if self.static is not None:  # a static tree has a fixed size: nothing to tune
+            self.total_token = len(self.static.paths)
+        elif total_token == "auto":
+            self.tune()
 
     @torch.inference_mode()
     def tune(self, prompts: list[torch.Tensor] | None = None) -> TreeBudget:

@@ -24,3 +24,18 @@ def test_data_prep_config_composes(model, data):
 def test_model_is_not_a_default():
     defaults = OmegaConf.load(CONF / "config.yaml").defaults
     assert not any("model" in (d if isinstance(d, str) else list(d)[0]) for d in defaults)
+
+
+EXPERIMENTS = sorted(p.stem for p in (CONF / "experiment").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("experiment", EXPERIMENTS)
+def test_experiment_presets_compose_and_validate(experiment):
+    from train.config import validate
+
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose(config_name="config", overrides=["+model=smollm2_135m", f"+experiment={experiment}"])
+    cfg = validate(cfg)
+    OmegaConf.resolve(cfg)
+    assert experiment.split("_", 1)[1] in cfg.output_dir  # each preset writes its own run folder
+    assert cfg.train.draft_vocab and cfg.train.tau_every > 0

@@ -37,7 +37,7 @@ def bare_tokens_per_s(trainer, batches: list[list[int]]) -> float:
         p = make_pairs(batch.input_ids, batch.loss_mask, batch.hidden)
         features = uniform_noise(p.features, t.noise, t.noise_ref_len, gen).to(trainer.dtype)
         pred, _ = head(features, trainer.frozen.embed_tokens(p.next_ids), p.position_ids)
-        out = eagle_loss(pred, p.target, p.mask, trainer.frozen.lm_head, t.v_w, t.p_w, t.topk)
+        out = eagle_loss(pred, p.target, p.mask, trainer.loss_lm_head, t.v_w, t.p_w, t.topk)
         out.loss.backward()
     return pairs / (time.perf_counter() - start)
 
