@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from data_prep.conversations import DataError
 from data_prep.pipeline import prepare
+from data_prep.store import OutOfSpace
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="data_prep")
@@ -17,7 +18,7 @@ def main(cfg: DictConfig) -> None:
         sys.exit("error: choose a target with +model=NAME (see conf/model/, e.g. +model=smollm2_135m)")
     try:
         path = prepare(cfg)
-    except (DataError, FileNotFoundError, ValueError) as e:
+    except (DataError, FileNotFoundError, ValueError, OutOfSpace) as e:
         sys.exit(f"error: {e}")
     print(path)
 

@@ -15,9 +15,11 @@ Shards are written to a temporary name and renamed when whole, so a file named
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,9 +74,33 @@ def write_shard(
     if records and records[0].aux_hidden_states is not None:
         tensors["aux_hidden_states"] = cat([r.aux_hidden_states for r in records], torch.zeros(0)).to(dtype)
     tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    save_file(tensors, str(tmp), metadata={"skipped": json.dumps(skipped or {}, sort_keys=True)})
+    need = sum(t.numel() * t.element_size() for t in tensors.values())
+    _check_space(path, need)
+    try:
+        save_file(tensors, str(tmp), metadata={"skipped": json.dumps(skipped or {}, sort_keys=True)})
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.errno == errno.ENOSPC:
+            raise OutOfSpace(_space_message(path, need)) from None
+        raise
     os.replace(tmp, path)
     return shard_entry(path)
+
+
+class OutOfSpace(OSError):
+    """The disk of the store cannot hold the next shard (finished shards stay valid)."""
+
+
+def _check_space(path: Path, need: int) -> None:
+    if shutil.disk_usage(path.parent).free < need + (64 << 20):  # keep 64 MB of slack
+        raise OutOfSpace(_space_message(path, need))
+
+
+def _space_message(path: Path, need: int) -> str:
+    free = shutil.disk_usage(path.parent).free
+    return (f"{path.parent}: no space for {path.name} ({need / 2**20:.0f} MB needed, {free / 2**20:.0f} MB free). "
+            f"Free some space or point EAGLE_CACHE (or store_dir=...) at a bigger disk, then rerun: "
+            f"the finished shards are kept and the run resumes after them")
 
 
 def shard_entry(path: Path) -> dict:

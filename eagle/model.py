@@ -141,9 +141,7 @@ class EaModel(nn.Module):
             self.static = static_tree(DEFAULT_CHOICES if tree == "static" else tree)
         self.eos_ids = eos_token_ids(target, tokenizer)
         self.last_stats: GenerationStats | None = None
-        hidden = target.get_input_embeddings().weight.shape[1]
-        if head.config.hidden_size != hidden:
-            raise ValueError(f"head hidden size {head.config.hidden_size} != target hidden size {hidden}")
+        _check_head_fits(head, target)
         self._draft_ids, self._draft_lm_head = _draft_vocabulary(head, target.get_output_embeddings(), draft_vocab)
         self.tuning: TreeBudget | None = None
         if total_token != "auto" and (not isinstance(total_token, int) or total_token < 1):
@@ -441,6 +439,19 @@ class _DraftCache:
         with record_function("eagle.draft.head"):
             hidden, self.past = model._head_forward(features, tokens.to(device), positions, mask, self.past)
         return hidden, torch.arange(f, f + m)
+
+
+def _check_head_fits(head: DraftHead, target: nn.Module) -> None:
+    """One-line error when a head was trained for a different target (hidden size or vocabulary)."""
+    vocab, hidden = target.get_input_embeddings().weight.shape
+    c = head.config
+    if (c.hidden_size, c.vocab_size) != (hidden, vocab):
+        trained_for = f"'{c.target}'" if c.target else "another target"
+        raise ValueError(
+            f"this draft head was trained for {trained_for} (hidden size {c.hidden_size}, vocabulary {c.vocab_size}), "
+            f"but the target has hidden size {hidden} and vocabulary {vocab}: pass the base model the head was "
+            f"trained for, or train a head for this one (python -m train +model=NAME)"
+        )
 
 
 def _draft_vocabulary(head: DraftHead, lm_head: nn.Linear, size: int | None) -> tuple[torch.Tensor | None, nn.Linear]:

@@ -411,3 +411,10 @@ def test_bad_total_token_is_a_clear_error():
     target, head = near_bigram_pair(0)
     with pytest.raises(ValueError, match="total_token"):
         EaModel(target, head, total_token="big")
+
+
+def test_head_for_another_target_is_a_one_line_error():
+    target, head = near_bigram_pair(0)
+    other = tiny_llama(1, vocab_size=96)
+    with pytest.raises(ValueError, match=r"trained for .*vocabulary 128.*vocabulary 96.*python -m train"):
+        EaModel(other, head)

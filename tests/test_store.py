@@ -61,3 +61,18 @@ def test_store_pickles_without_open_handles(tmp_path):
     store[0]
     clone = pickle.loads(pickle.dumps(store))
     assert torch.equal(clone[1].input_ids, store[1].input_ids)
+
+
+def test_full_disk_is_a_one_line_error_and_keeps_finished_shards(tmp_path, monkeypatch):
+    import shutil
+    from collections import namedtuple
+
+    from data_prep.store import OutOfSpace
+
+    rec = Record(torch.tensor([1, 2, 3]), torch.tensor([0, 1, 1], dtype=torch.bool), torch.zeros(3, 4))
+    write_shard(tmp_path / shard_name(0), [rec], 4)
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(shutil, "disk_usage", lambda _: usage(1 << 30, 1 << 30, 1 << 20))
+    with pytest.raises(OutOfSpace, match=r"no space for shard-00001.*MB free.*EAGLE_CACHE.*resumes"):
+        write_shard(tmp_path / shard_name(1), [rec], 4)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [shard_name(0)]  # nothing half-written

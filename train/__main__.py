@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 import hydra
@@ -11,14 +12,18 @@ from omegaconf import DictConfig
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from data_prep.conversations import DataError
+    from data_prep.store import OutOfSpace
     from train.publish import PublishError
     from train.run import run
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # its per-step INFO lines drown ours
     try:
         run(cfg)
-    except PublishError as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (PublishError, DataError, OutOfSpace, FileNotFoundError, ValueError) as e:
+        if os.environ.get("EAGLE_TRACEBACK"):
+            raise
+        print(f"error: {e}  (EAGLE_TRACEBACK=1 shows where)", file=sys.stderr)
         sys.exit(1)
 
 
