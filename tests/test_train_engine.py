@@ -195,3 +195,12 @@ def test_reduced_draft_vocabulary_and_init_head(tiny, tmp_path):
     start = second.engine.module.state_dict()
     for key, value in head.state_dict().items():
         assert torch.equal(start[key].to(value.dtype), value), key
+
+
+def test_training_time_test_trains(tiny, tmp_path):
+    """train.ttt_steps=3 runs through DeepSpeed and lowers the loss; metrics stay the plain pass's."""
+    trainer = Trainer(make_cfg(tiny, tmp_path, "train.max_steps=20", "train.ttt_steps=3", "train.draft_vocab=64"))
+    before = trainer.evaluate()
+    result = trainer.fit()
+    assert result.eval_metrics["feature_loss"] < before["feature_loss"]
+    assert result.train_metrics and set(before) == set(result.eval_metrics) - {k for k in result.eval_metrics if k.startswith("tau")}

@@ -20,6 +20,8 @@ class TrainConfig:
     lr: float = 3e-5
     init_head: str | None = None  # start from an exported head's weights (fine-tuning)
     draft_vocab: int | None = None  # token loss over the N most frequent training tokens only (None = all)
+    ttt_steps: int = 1  # training-time test: passes of the head over its own predictions (1 = plain EAGLE)
+    ttt_decay: float = 0.8  # loss weight of pass i is ttt_decay**i
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay: float = 0.0
     warmup_steps: int = 2000
@@ -91,6 +93,8 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise ValueError(f"train.eval_fraction={t.eval_fraction}: expected 0 <= f < 1")
     if t.grad_accum < 1 or t.batch_tokens < 2:
         raise ValueError("train.grad_accum must be >= 1 and train.batch_tokens >= 2")
+    if t.ttt_steps < 1:
+        raise ValueError("train.ttt_steps must be >= 1 (1 = plain EAGLE training)")
     if t.topk < 1:
         raise ValueError("train.topk must be >= 1")
     if t.tau_every < 0 or t.tau_num_prompts < 1 or t.tau_max_new_tokens < 1:

@@ -38,6 +38,7 @@ from train.engine import build_engine, compute_dtype, ds_config, full_state_dict
 from train.export import CardInfo, export_head, model_card
 from train.frozen import Frozen, load_frozen
 from train.loss import LossOutput, eagle_loss, make_pairs, summarize, uniform_noise
+from train.unroll import unrolled_forward
 from train.vocab import coverage, draft_ids, token_counts
 
 log = logging.getLogger("train")
@@ -113,11 +114,11 @@ class Trainer:
         gen = torch.Generator().manual_seed(_noise_seed(self.cfg.seed, micro, self.rank))
         features = uniform_noise(p.features, t.noise, t.noise_ref_len, gen).to(self.dtype)  # [B, S-1, H]
         embeds = self.frozen.embed_tokens(p.next_ids)  # [B, S-1, H]
-        pred, _ = self.engine(features, embeds, p.position_ids)  # [B, S-1, H]
-        out = eagle_loss(pred, p.target, p.mask, self.loss_lm_head, t.v_w, t.p_w, t.topk)
-        self.engine.backward(out.loss)
+        preds = unrolled_forward(self.engine, features, embeds, p.position_ids, t.ttt_steps)  # ttt_steps x [B, S-1, H]
+        outs = [eagle_loss(pred, p.target, p.mask, self.loss_lm_head, t.v_w, t.p_w, t.topk) for pred in preds]
+        self.engine.backward(sum(t.ttt_decay ** i * o.loss for i, o in enumerate(outs)))
         self.engine.step()
-        return out
+        return outs[0]  # metrics: the plain (depth-1) pass, comparable across recipes
 
     def fit(self) -> FitResult:
         """Train to total_steps (or stop_after), then evaluate, checkpoint and export."""

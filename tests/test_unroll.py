@@ -1,0 +1,34 @@
+"""Training-time test: pass i of the unrolled head equals a depth-(i+1) draft at inference."""
+
+import pytest
+import torch
+from conftest import tiny_llama
+
+from eagle.draft import DraftConfig, DraftHead
+from train.unroll import unroll_mask, unrolled_forward
+
+
+def test_mask_pattern():
+    allowed = unroll_mask(4, 2, torch.float32)[0, 0] == 0  # [4, 12]
+    # row 3, pass 2: K0 rows <= 1, K1 row 2, K2 row 3
+    assert allowed[3].nonzero().flatten().tolist() == [0, 1, 4 + 2, 8 + 3]
+    assert allowed[0].nonzero().flatten().tolist() == [8]  # row 0 sees only itself (no committed rows)
+
+
+@pytest.mark.parametrize("steps", [2, 3])
+def test_unrolled_pass_equals_inference_chain(steps):
+    torch.manual_seed(0)
+    head = DraftHead(DraftConfig.from_target_config(tiny_llama(0).config)).eval()
+    b, s, h = 2, 9, head.config.hidden_size
+    feats, embeds = torch.randn(b, s, h), torch.randn(b, s, h)
+    pos = torch.arange(s).expand(b, -1)
+    with torch.no_grad():
+        outs = unrolled_forward(head, feats, embeds, pos, steps)
+        for i in range(1, steps):
+            for j in range(i, s):
+                c = j - i + 1  # committed rows 0 .. j-i (true features)
+                out, past = head(feats[:, :c], embeds[:, :c], pos[:, :c])
+                cur = out[:, -1:]  # depth-1 prediction of the feature at row c
+                for r in range(c, j + 1):  # draft rows of depth 2 .. i+1, each on the previous prediction
+                    cur, past = head(cur, embeds[:, r:r + 1], pos[:, r:r + 1], None, past)
+                torch.testing.assert_close(outs[i][:, j], cur[:, 0], rtol=1e-5, atol=1e-5)
