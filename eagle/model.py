@@ -30,6 +30,7 @@ from eagle.autotune import TreeBudget, describe, tune_tree
 from eagle.cache import commit_cache
 from eagle.checkpoint import load_head
 from eagle.draft import DraftHead, KVCache
+from eagle.lookup import lookup_chain, merge_chain
 from eagle.targets import eos_token_ids, resolve_target
 from eagle.tree import (
     DEFAULT_CHOICES,
@@ -129,8 +130,10 @@ class EaModel(nn.Module):
         top_k: int = 8,
         tree: str | Choices = "dynamic",
         draft_vocab: int | None = None,
+        lookup: int = 0,
     ):
         super().__init__()
+        self.lookup = lookup  # tokens of the prompt-lookup chain merged into each tree (0 = off)
         self.target = target.eval().requires_grad_(False)
         self.head = head.eval().requires_grad_(False)
         self.tokenizer = tokenizer
@@ -171,6 +174,7 @@ class EaModel(nn.Module):
         tree: str | Choices = "dynamic",
         device: str | torch.device = "cpu",
         draft_vocab: int | None = None,
+        lookup: int = 0,
     ) -> "EaModel":
         """Load the target (alias, folder or Hub id) and a head (our layout or EAGLE's).
 
@@ -178,13 +182,14 @@ class EaModel(nn.Module):
 
         draft_vocab: propose only the N most frequent tokens of the head's stored draft
         vocabulary (None: all of it, or the whole target vocabulary when it has none).
+        lookup: also draft up to N tokens by prompt lookup (eagle.lookup), merged into the tree.
         """
         path = resolve_target(base_model_path)
         target = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa").to(device)
         tokenizer = _load_tokenizer(path)
         head = load_head(ea_model_path, dtype=torch_dtype, device=device)
         return cls(target, head, tokenizer, total_token=total_token, depth=depth, top_k=top_k, tree=tree,
-                   draft_vocab=draft_vocab)
+                   draft_vocab=draft_vocab, lookup=lookup)
 
     # ---- public generation API ------------------------------------------------------------
 
@@ -287,17 +292,24 @@ class EaModel(nn.Module):
     # ---- drafting -------------------------------------------------------------------------
 
     def _draft_tree(self, state: DecodeState) -> Tree:
+        """The head's tree (dynamic or static), plus the prompt-lookup chain when `lookup` > 0."""
         root = state.ids[0, -1:].cpu()
-        if self.static is None:
-            return self._draft_dynamic(state, root)
-        return self._draft_static(state, root)
+        tokens, parents = self._draft_dynamic(state, root) if self.static is None else self._draft_static(state, root)
+        with record_function("eagle.draft.tree"):
+            if self.lookup:
+                chain = lookup_chain(state.ids[0], self.lookup)
+                if chain.numel():
+                    tokens, parents = merge_chain(tokens, parents, chain)
+            return build_tree(tokens, parents)
 
-    def _draft_dynamic(self, state: DecodeState, root: torch.Tensor) -> Tree:
-        """EAGLE-2: grow the top_k best nodes by cumulative draft log-prob, then rerank all."""
+    def _draft_dynamic(self, state: DecodeState, root: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """EAGLE-2: grow the top_k best nodes by cumulative draft log-prob, then rerank all.
+
+        Returns tree tokens [N] and parents [N], root first."""
         tokens, scores, parents = self._draft_candidates(state, self.depth)
         with record_function("eagle.draft.tree"):
             kept = select_nodes(scores, parents, self.total_token - 1)
-            return build_tree(torch.cat([root, tokens[kept]]), reindex_parents(kept, parents))
+            return torch.cat([root, tokens[kept]]), reindex_parents(kept, parents)
 
     def _draft_candidates(self, state: DecodeState, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The EAGLE-2 candidate pool: top_k children of the top_k best nodes, `depth` levels.
@@ -328,7 +340,7 @@ class EaModel(nn.Module):
             n += new_tokens.numel()
         return _cat(all_tokens), _cat(all_scores), _cat(all_parents)
 
-    def _draft_static(self, state: DecodeState, root: torch.Tensor) -> Tree:
+    def _draft_static(self, state: DecodeState, root: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """EAGLE-1: the fixed choice list; node tokens are the top-k ranks of their parent's draft."""
         shape = self.static
         tokens = torch.full((len(shape.paths),), -1, dtype=torch.long)
@@ -352,8 +364,7 @@ class EaModel(nn.Module):
             for c in children:
                 rank = int(shape.ranks[c])
                 tokens[c] = top[where[int(shape.parents[c])], min(rank, kmax - 1)]
-        with record_function("eagle.draft.tree"):
-            return build_tree(tokens, shape.parents)
+        return tokens, shape.parents
 
     def _draft_logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft log-probs over the draft vocabulary [m, Vd] (fp32, on the CPU) from head outputs [m, H]."""

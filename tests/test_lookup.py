@@ -1,0 +1,51 @@
+"""Prompt lookup as a tree branch: chain search, merging into a tree, lossless decoding."""
+
+import pytest
+import torch
+from conftest import tiny_llama
+from test_model import TREES, hf_greedy, near_bigram_pair, random_head
+
+from eagle.lookup import lookup_chain, merge_chain
+from eagle.model import EaModel
+from eagle.tree import build_tree
+
+
+def test_lookup_chain_prefers_longer_and_more_recent_matches():
+    ids = torch.tensor([5, 6, 7, 1, 2, 9, 9, 6, 7, 3, 4, 8, 6, 7])
+    # tail (6, 7): two earlier matches; the most recent is at 7 -> the tokens after it
+    assert lookup_chain(ids, 3, max_ngram=2).tolist() == [3, 4, 8]
+    # with trigrams, (8, 6, 7) never occurred before: falls back to the bigram
+    assert lookup_chain(ids, 2, max_ngram=3).tolist() == [3, 4]
+    assert lookup_chain(torch.tensor([1, 2, 3]), 4).tolist() == []  # no earlier occurrence of anything
+    assert lookup_chain(torch.tensor([4, 1, 2, 4]), 5, max_ngram=1).tolist() == [1, 2, 4]  # runs into the tail
+
+
+def test_merge_chain_follows_existing_nodes_then_branches():
+    tokens, parents = torch.tensor([0, 10, 11, 20]), torch.tensor([-1, 0, 0, 1])  # root -> 10 -> 20; root -> 11
+    t, p = merge_chain(tokens, parents, torch.tensor([10, 20, 30, 31]))
+    assert t.tolist() == [0, 10, 11, 20, 30, 31] and p.tolist() == [-1, 0, 0, 1, 3, 4]
+    t, p = merge_chain(tokens, parents, torch.tensor([12]))
+    assert t.tolist() == [0, 10, 11, 20, 12] and p.tolist() == [-1, 0, 0, 1, 0]
+    build_tree(t, p)  # still a valid tree (parents before children)
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_equality_with_lookup(seed, tree):
+    target = tiny_llama(seed)
+    model = EaModel(target, random_head(target, seed), **TREES[tree], lookup=6)
+    period = torch.randint(3, 128, (5,), generator=torch.Generator().manual_seed(seed))
+    ids = period.repeat(3)[None]  # a repetitive prompt: lookup finds matches
+    ref = hf_greedy(target, ids, 32)
+    assert torch.equal(model.eagenerate(ids, max_new_tokens=32), ref)
+
+
+def test_lookup_lifts_tau_on_repetitive_output():
+    target, head = near_bigram_pair(3)  # greedy output of a bigram-like target falls into a cycle
+    ids = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(0))
+    plain = EaModel(target, head, total_token=4, depth=2, top_k=2)
+    looked = EaModel(target, head, total_token=4, depth=2, top_k=2, lookup=8)
+    ref = hf_greedy(target, ids, 60)
+    assert torch.equal(plain.eagenerate(ids, max_new_tokens=60), ref)
+    assert torch.equal(looked.eagenerate(ids, max_new_tokens=60), ref)
+    assert looked.last_stats.tau > plain.last_stats.tau + 0.5
