@@ -6,6 +6,7 @@
 Methods, run interleaved prompt by prompt after a warm-up, same dtype, same prompts:
 - `vanilla`: HF `generate(do_sample=False)` with its default cache (what users have now);
 - `eagle2` / `eagle1`: our decoder with the dynamic (EAGLE-2) or static (EAGLE-1) tree;
+- `eagle2-lookup`: the dynamic tree plus a prompt-lookup chain merged into it (eagle.lookup);
 - `pld`: HF prompt lookup decoding; `assisted`: HF assisted generation (needs --assistant).
 
 Multi-turn questions run turn by turn; the history of every method is vanilla's own earlier
@@ -27,8 +28,8 @@ import torch
 
 from eagle.targets import packaged_file
 
-METHODS = ("vanilla", "eagle2", "eagle1", "pld", "assisted")
-GREEDY_EXACT = ("eagle2", "eagle1", "pld", "assisted")
+METHODS = ("vanilla", "eagle2", "eagle1", "eagle2-lookup", "pld", "assisted")
+GREEDY_EXACT = ("eagle2", "eagle1", "eagle2-lookup", "pld", "assisted")
 
 
 @dataclass
@@ -121,7 +122,8 @@ class ForwardCounter:
 
 class Bench:
     def __init__(self, target, tokenizer, head=None, assistant=None, max_new_tokens: int = 128,
-                 total_token: int | str = 24, depth: int = 5, top_k: int = 8, draft_vocab: int | None = None):
+                 total_token: int | str = 24, depth: int = 5, top_k: int = 8, draft_vocab: int | None = None,
+                 lookup: int = 10):
         from eagle.model import EaModel
 
         self.target, self.tokenizer, self.assistant = target, tokenizer, assistant
@@ -132,6 +134,8 @@ class Bench:
             kw = dict(total_token=total_token, depth=depth, top_k=top_k, draft_vocab=draft_vocab)
             self.eagle["eagle2"] = EaModel(target, head, tokenizer, tree="dynamic", **kw)
             self.eagle["eagle1"] = EaModel(target, head, tokenizer, tree="static", **kw)
+            tuned = dict(kw, total_token=self.eagle["eagle2"].total_token, depth=self.eagle["eagle2"].depth)
+            self.eagle["eagle2-lookup"] = EaModel(target, head, tokenizer, tree="dynamic", lookup=lookup, **tuned)
 
     def run(self, method: str, ids: torch.Tensor) -> tuple[torch.Tensor, int, float, list[int]]:
         """New token ids [n], target forwards after prefill, seconds, accept lengths."""
@@ -329,6 +333,7 @@ def parse_args(argv=None):
     p.add_argument("--depth", type=int, default=5)
     p.add_argument("--top-k", type=int, default=8)
     p.add_argument("--draft-vocab", type=int, default=None, help="propose only the N most frequent tokens of the head's vocabulary")
+    p.add_argument("--lookup", type=int, default=10, help="prompt-lookup chain length of eagle2-lookup (as pld's 10)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default="results/bench")
     p.add_argument("--no-progress", action="store_true")
@@ -354,12 +359,13 @@ def main(argv=None) -> dict:
     path = resolve_target(args.base)
     target = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").eval()
     tokenizer = load_tokenizer(path)
-    head = load_head(args.head, dtype=dtype) if any(m in methods for m in ("eagle1", "eagle2")) else None
+    head = load_head(args.head, dtype=dtype) if any(m.startswith("eagle") for m in methods) else None
     assistant = None
     if args.assistant:
         assistant = AutoModelForCausalLM.from_pretrained(resolve_target(args.assistant), dtype=dtype).eval()
     total = args.total_token if args.total_token == "auto" else int(args.total_token)
-    bench = Bench(target, tokenizer, head, assistant, args.max_new_tokens, total, args.depth, args.top_k, args.draft_vocab)
+    bench = Bench(target, tokenizer, head, assistant, args.max_new_tokens, total, args.depth, args.top_k, args.draft_vocab,
+                  args.lookup)
     questions = load_questions(args.prompts, args.limit)
     if args.per_category:
         questions = first_per_category(questions, args.per_category)

@@ -51,9 +51,9 @@ def test_end_to_end_on_tiny_target(tiny_dir, tmp_path):
     qfile.write_text("\n".join(json.dumps({"question_id": i, "category": "c%d" % (i % 2), "turns": ["Hi %d" % i, "More"]})
                                for i in range(2)))
     table = main(["--base", str(tiny_dir), "--head", str(tmp_path / "head"), "--prompts", str(qfile), "--dtype", "float32",
-                  "--max-new-tokens", "12", "--methods", "vanilla,eagle2,eagle1,pld", "--out", str(tmp_path / "out"),
+                  "--max-new-tokens", "12", "--methods", "vanilla,eagle2,eagle1,eagle2-lookup,pld", "--out", str(tmp_path / "out"),
                   "--no-progress"])
-    for m in ("eagle2", "eagle1", "pld"):
+    for m in ("eagle2", "eagle1", "eagle2-lookup", "pld"):
         assert table[m]["all"]["equal_to_vanilla"] == "4/4"
     assert {p.name for p in (tmp_path / "out").iterdir()} >= {"results.json", "results.md", "speedup_by_category.png",
                                                                "accepted_length_hist.png"}
