@@ -29,7 +29,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--random-head", action="store_true", help="untrained head (tau about 1; for trying the pipeline)")
     p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16")
     p.add_argument("--tree", default="dynamic", choices=["dynamic", "static"])
-    p.add_argument("--total-token", type=int, default=24)
+    p.add_argument("--total-token", type=_budget, default=24, help="tree budget, or 'auto' (timed at load)")
+    p.add_argument("--lookup", type=int, default=0, help="also draft N tokens by prompt lookup (0 = off)")
     p.add_argument("--depth", type=int, default=5)
     p.add_argument("--top-k-draft", type=int, default=8, help="draft branching factor of the dynamic tree")
     p.add_argument("--temperature", type=float, default=0.0)
@@ -66,7 +67,7 @@ def build_model(args: argparse.Namespace):
         head = DraftHead(DraftConfig.from_target_config(target.config, target=args.target)).to(dtype)
     else:
         head = load_head(args.head, dtype=dtype)
-    return EaModel(target, head, tokenizer, total_token=args.total_token, depth=args.depth,
+    return EaModel(target, head, tokenizer, total_token=args.total_token, depth=args.depth, lookup=args.lookup,
                    top_k=args.top_k_draft, tree=args.tree)
 
 
@@ -134,6 +135,12 @@ def main(argv: list[str] | None = None) -> int:
         messages.append({"role": "user", "content": line})
         messages.append({"role": "assistant", "content": reply(model, messages, args)})
     return 0
+
+
+
+
+def _budget(text: str) -> int | str:
+    return text if text == "auto" else int(text)
 
 
 if __name__ == "__main__":
