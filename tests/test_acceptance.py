@@ -12,7 +12,8 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from conftest import tiny_llama
-from eagle.draft import DraftConfig, DraftHead
+from test_model import bigram_head, random_head
+from eagle.draft import DraftConfig
 from eagle.model import EaModel
 from train.acceptance import CHAIN, Judge, count_tau, held_back_prompts
 from train.config import validate
@@ -20,11 +21,6 @@ from train.testing import write_tiny_store
 from train.trainer import Trainer
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
-
-
-def random_head(target, seed: int = 0) -> DraftHead:
-    torch.manual_seed(seed)
-    return DraftHead(DraftConfig.from_target_config(target.config)).eval()
 
 
 def exact_bigram_pair(seed: int = 1):
@@ -44,14 +40,7 @@ def exact_bigram_pair(seed: int = 1):
         target.model.embed_tokens.weight.copy_(emb / emb.pow(2).mean(-1, keepdim=True).sqrt())  # no zero pad row
         target.lm_head.weight.mul_(50.0)
     target.generation_config.eos_token_id = None  # no early stop: every prompt runs to the budget
-    head = random_head(target, seed)
-    h = target.config.hidden_size
-    with torch.no_grad():
-        head.fc.weight.copy_(torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1))
-        head.fc.bias.zero_()
-        head.layers[0].self_attn.o_proj.weight.zero_()
-        head.layers[0].mlp.down_proj.weight.zero_()
-    return target, head
+    return target, bigram_head(target, seed)
 
 
 def prompts(n: int, length: int = 7) -> list[torch.Tensor]:

@@ -44,6 +44,11 @@ def near_bigram_pair(seed: int, vocab_size: int = 128, coupling: float = 0.15):
         for layer in target.model.layers:
             layer.self_attn.o_proj.weight.mul_(coupling)
             layer.mlp.down_proj.weight.mul_(coupling)
+    return target, bigram_head(target, seed)
+
+
+def bigram_head(target, seed: int = 0) -> DraftHead:
+    """A head whose output is the embedding of its input token: fc = [I, 0], attention and MLP zeroed."""
     head = random_head(target, seed)
     h = target.config.hidden_size
     with torch.no_grad():
@@ -51,7 +56,7 @@ def near_bigram_pair(seed: int, vocab_size: int = 128, coupling: float = 0.15):
         head.fc.bias.zero_()
         head.layers[0].self_attn.o_proj.weight.zero_()
         head.layers[0].mlp.down_proj.weight.zero_()
-    return target, head
+    return head
 
 
 def prompt(seed: int, length: int, vocab: int = 128) -> torch.Tensor:
