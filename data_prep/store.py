@@ -192,16 +192,18 @@ class FeatureStore:
             self._handles[shard] = safe_open(str(self._files[shard]), framework="pt")
         return self._handles[shard]
 
+    def tokens(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids [T] long and loss_mask [T] bool of record i, without reading its features."""
+        shard, start, end = self._index[i]
+        f = self._handle(shard)
+        return f.get_slice("input_ids")[start:end].long(), f.get_slice("loss_mask")[start:end].bool()
+
     def __getitem__(self, i: int) -> Record:
         shard, start, end = self._index[i]
         f = self._handle(shard)
         aux = f.get_slice("aux_hidden_states")[start:end] if "aux_hidden_states" in f.keys() else None
-        return Record(
-            input_ids=f.get_slice("input_ids")[start:end].long(),
-            loss_mask=f.get_slice("loss_mask")[start:end].bool(),
-            hidden_states=f.get_slice("hidden_states")[start:end],
-            aux_hidden_states=aux,
-        )
+        input_ids, loss_mask = self.tokens(i)
+        return Record(input_ids, loss_mask, f.get_slice("hidden_states")[start:end], aux)
 
     def __getstate__(self):  # handles are per process (DataLoader workers)
         state = dict(self.__dict__)

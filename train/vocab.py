@@ -27,8 +27,8 @@ def token_counts(store: FeatureStore, indices: Iterable[int] | None = None, voca
     vocab_size = vocab_size or int(store.manifest["target"]["vocab_size"])
     counts = torch.zeros(vocab_size, dtype=torch.int64)
     for i in range(len(store)) if indices is None else indices:
-        rec = store[i]
-        counts += torch.bincount(rec.input_ids[rec.loss_mask], minlength=vocab_size)
+        input_ids, loss_mask = store.tokens(i)  # the features are never read
+        counts += torch.bincount(input_ids[loss_mask], minlength=vocab_size)
     return counts
 
 
