@@ -14,7 +14,7 @@ from data_prep.store import OutOfSpace
 @hydra.main(version_base=None, config_path="../conf", config_name="data_prep")
 def main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    if "model" not in cfg:
+    if "path" not in cfg.get("model", {}):  # the head group alone only sets model.feature_layers
         sys.exit("error: choose a target with +model=NAME (see conf/model/, e.g. +model=smollm2_135m)")
     try:
         path = prepare(cfg)

@@ -5,9 +5,12 @@
 
 Methods, run interleaved prompt by prompt after a warm-up, same dtype, same prompts:
 - `vanilla`: HF `generate(do_sample=False)` with its default cache (what users have now);
-- `eagle2` / `eagle1`: our decoder with the dynamic (EAGLE-2) or static (EAGLE-1) tree;
-- `eagle2-lookup`: the dynamic tree plus a prompt-lookup chain merged into it (eagle.lookup);
+- `eagle2` / `eagle1`: our decoder with the dynamic (EAGLE-2) or static (EAGLE-1) tree, --head;
+- `eagle3`: the dynamic tree with the EAGLE-3 head of --head3;
+- `eagle2-lookup` / `eagle3-lookup`: the same plus a prompt-lookup chain merged into the tree;
 - `pld`: HF prompt lookup decoding; `assisted`: HF assisted generation (needs --assistant).
+A decoder method may name another head: `eagle2@fresh` with `--heads fresh=DIR` (e.g. a head
+just trained, next to the shipped one).
 
 Multi-turn questions run turn by turn; the history of every method is vanilla's own earlier
 answer, so all methods see identical prompts. τ is new tokens per target forward after the
@@ -28,8 +31,8 @@ import torch
 
 from eagle.targets import packaged_file
 
-METHODS = ("vanilla", "eagle2", "eagle1", "eagle2-lookup", "pld", "assisted")
-GREEDY_EXACT = ("eagle2", "eagle1", "eagle2-lookup", "pld", "assisted")
+DECODERS = ("eagle2", "eagle1", "eagle2-lookup", "eagle3", "eagle3-lookup")  # our EaModel, with a tree kind
+METHODS = ("vanilla", *DECODERS, "pld", "assisted")
 
 
 @dataclass
@@ -120,22 +123,39 @@ class ForwardCounter:
         self.calls += 1
 
 
+def split_method(method: str) -> tuple[str, str | None]:
+    """`eagle2@fresh` -> ("eagle2", "fresh"); `pld` -> ("pld", None)."""
+    kind, _, label = method.partition("@")
+    return kind, label or None
+
+
+def default_head_label(kind: str) -> str:
+    return "eagle3" if kind.startswith("eagle3") else "eagle2"
+
+
 class Bench:
-    def __init__(self, target, tokenizer, head=None, assistant=None, max_new_tokens: int = 128,
-                 total_token: int | str = 24, depth: int = 5, top_k: int = 8, draft_vocab: int | None = None,
-                 lookup: int = 10):
+    """The target, tokenizer and one decoder per decoder method.
+
+    heads: label -> loaded head; a method `KIND` uses heads["eagle2"] or heads["eagle3"], and
+    `KIND@LABEL` heads[LABEL]. A `-lookup` method reuses its plain method's tuned tree budget."""
+
+    def __init__(self, target, tokenizer, heads: dict | None = None, methods: list[str] = (), assistant=None,
+                 max_new_tokens: int = 128, total_token: int | str = 24, depth: int = 5, top_k: int = 8,
+                 draft_vocab: int | None = None, lookup: int = 10):
         from eagle.model import EaModel
 
         self.target, self.tokenizer, self.assistant = target, tokenizer, assistant
         self.max_new_tokens = max_new_tokens
         self.counter = ForwardCounter(target)
         self.eagle = {}
-        if head is not None:
-            kw = dict(total_token=total_token, depth=depth, top_k=top_k, draft_vocab=draft_vocab)
-            self.eagle["eagle2"] = EaModel(target, head, tokenizer, tree="dynamic", **kw)
-            self.eagle["eagle1"] = EaModel(target, head, tokenizer, tree="static", **kw)
-            tuned = dict(kw, total_token=self.eagle["eagle2"].total_token, depth=self.eagle["eagle2"].depth)
-            self.eagle["eagle2-lookup"] = EaModel(target, head, tokenizer, tree="dynamic", lookup=lookup, **tuned)
+        kw = dict(total_token=total_token, depth=depth, top_k=top_k, draft_vocab=draft_vocab)
+        for m in sorted((m for m in methods if split_method(m)[0] in DECODERS), key=lambda m: "-lookup" in m):
+            kind, label = split_method(m)
+            head = (heads or {})[label or default_head_label(kind)]
+            plain = self.eagle.get(m.replace("-lookup", ""))
+            tuned = kw if plain is None else dict(kw, total_token=plain.total_token, depth=plain.depth)
+            self.eagle[m] = EaModel(target, head, tokenizer, tree="static" if kind == "eagle1" else "dynamic",
+                                    lookup=lookup if kind.endswith("-lookup") else 0, **tuned)
 
     def run(self, method: str, ids: torch.Tensor) -> tuple[torch.Tensor, int, float, list[int]]:
         """New token ids [n], target forwards after prefill, seconds, accept lengths."""
@@ -320,7 +340,9 @@ def plots(table: dict, runs: list[Run], methods: list[str], out: Path) -> None:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="python -m eagle.bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--base", default="smollm2-135m-instruct", help="target: alias, folder or Hub id")
-    p.add_argument("--head", default="checkpoints/eagle-smollm2-135m-instruct", help="draft head folder or Hub id")
+    p.add_argument("--head", default="checkpoints/eagle-smollm2-135m-instruct", help="EAGLE-2 head: folder or Hub id")
+    p.add_argument("--head3", default="checkpoints/eagle3-smollm2-135m-instruct", help="EAGLE-3 head (methods eagle3*)")
+    p.add_argument("--heads", default="", help="more heads, LABEL=DIR,...; method KIND@LABEL decodes with one")
     p.add_argument("--assistant", default=None, help="smaller draft model for `assisted`")
     p.add_argument("--prompts", default="mtbench", help="mtbench | sharegpt-heldout | path to MT-bench-shaped JSONL")
     p.add_argument("--methods", default="vanilla,eagle2,eagle1,pld")
@@ -350,22 +372,27 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = set(methods) - set(METHODS)
-    if unknown:
-        raise SystemExit(f"unknown method(s) {sorted(unknown)}; choose from {METHODS}")
+    paths = {"eagle2": args.head, "eagle3": args.head3}
+    paths.update(dict(item.split("=", 1) for item in args.heads.split(",") if item.strip()))
+    for m in methods:
+        kind, label = split_method(m)
+        if kind not in METHODS or (label is not None and (kind not in DECODERS or label not in paths)):
+            raise SystemExit(f"unknown method {m!r}: choose from {METHODS}, a decoder may name a head of --heads "
+                             f"as KIND@LABEL ({sorted(paths)})")
     if "vanilla" not in methods:
         methods.insert(0, "vanilla")
     dtype = getattr(torch, args.dtype)
     path = resolve_target(args.base)
     target = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="sdpa").eval()
     tokenizer = load_tokenizer(path)
-    head = load_head(args.head, dtype=dtype) if any(m.startswith("eagle") for m in methods) else None
+    used = {split_method(m)[1] or default_head_label(split_method(m)[0]) for m in methods if split_method(m)[0] in DECODERS}
+    heads = {label: load_head(paths[label], dtype=dtype) for label in sorted(used)}
     assistant = None
     if args.assistant:
         assistant = AutoModelForCausalLM.from_pretrained(resolve_target(args.assistant), dtype=dtype).eval()
     total = args.total_token if args.total_token == "auto" else int(args.total_token)
-    bench = Bench(target, tokenizer, head, assistant, args.max_new_tokens, total, args.depth, args.top_k, args.draft_vocab,
-                  args.lookup)
+    bench = Bench(target, tokenizer, heads, methods, assistant, args.max_new_tokens, total, args.depth, args.top_k,
+                  args.draft_vocab, args.lookup)
     questions = load_questions(args.prompts, args.limit)
     if args.per_category:
         questions = first_per_category(questions, args.per_category)
@@ -377,7 +404,7 @@ def main(argv=None) -> dict:
     out.mkdir(parents=True, exist_ok=True)
     meta = {"args": vars(args), "threads": torch.get_num_threads(), "torch": torch.__version__,
             "trees": {m: {"total_token": e.total_token, "depth": e.depth, "top_k": e.top_k,
-                          "draft_vocab": None if e._draft_ids is None else e._draft_ids.numel(),
+                          "draft_vocab": e.draft_vocab_size, "head": e.head.config.architecture,
                           "tuning": None if e.tuning is None else e.tuning.grid}
                       for m, e in bench.eagle.items()}}
     (out / "results.json").write_text(json.dumps({"meta": meta, "summary": table,

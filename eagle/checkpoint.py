@@ -1,8 +1,10 @@
-"""Draft-head checkpoints: `config.json` + `model.safetensors` (EAGLE-1/2 key names).
+"""Draft-head checkpoints: `config.json` + `model.safetensors` (the EAGLE authors' key names).
 
-`load_head` also reads heads published by the EAGLE authors: a LlamaConfig-style
-`config.json` with `pytorch_model.bin` or `model.safetensors`, possibly carrying an
-`embed_tokens.weight` that belongs to the target and is ignored here.
+Two architectures (`config.architecture`): eagle2 (EAGLE-1/2, eagle/draft.py) and eagle3
+(eagle/draft3.py). `load_head` also reads heads published by the EAGLE authors: a
+LlamaConfig-style `config.json` (EAGLE-3: `LlamaForCausalLMEagle3`, `draft_vocab_size`) with
+`pytorch_model.bin` or `model.safetensors`, possibly carrying an `embed_tokens.weight` that
+belongs to the target and is ignored here.
 
 A head may carry a *draft vocabulary* (the target ids it may propose, most frequent first)
 in EAGLE-3's two tensors: `d2t [N]` int64 offsets (target id of draft id i = i + d2t[i])
@@ -21,16 +23,23 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from eagle.draft import DraftConfig, DraftHead
+from eagle.draft3 import Eagle3Head
 
 WEIGHTS = "model.safetensors"
 LEGACY_WEIGHTS = "pytorch_model.bin"
-IGNORED_KEYS = ("embed_tokens.weight", "lm_head.weight")
+TARGET_KEYS = ("embed_tokens.weight",)  # the target's, when a published head carries a copy
 VOCAB_KEYS = ("d2t", "t2d")
+Head = DraftHead | Eagle3Head
+
+
+def build_head(cfg: DraftConfig) -> Head:
+    """A freshly initialised head of the architecture `cfg` names."""
+    return Eagle3Head(cfg) if cfg.architecture == "eagle3" else DraftHead(cfg)
 
 
 def save_head(
     directory: str | Path,
-    head: DraftHead,
+    head: Head,
     dtype: torch.dtype = torch.bfloat16,
     card: str | None = None,
 ) -> Path:
@@ -72,8 +81,8 @@ def resolve_head_dir(name_or_path: str | Path) -> Path:
         ) from None
 
 
-def load_head(name_or_path: str | Path, dtype: torch.dtype | None = None, device="cpu") -> DraftHead:
-    """Load a head from our layout or EAGLE's published one."""
+def load_head(name_or_path: str | Path, dtype: torch.dtype | None = None, device="cpu") -> Head:
+    """Load a head (EAGLE-1/2 or EAGLE-3) from our layout or EAGLE's published one."""
     directory = resolve_head_dir(name_or_path)
     config_path = directory / "config.json"
     if not config_path.exists():
@@ -86,13 +95,22 @@ def load_head(name_or_path: str | Path, dtype: torch.dtype | None = None, device
     else:
         raise FileNotFoundError(f"{directory}: neither {WEIGHTS} nor {LEGACY_WEIGHTS}")
     draft_ids = draft_ids_from(state, directory)
-    state = {k: v for k, v in state.items() if k not in IGNORED_KEYS + VOCAB_KEYS}
+    ignored = TARGET_KEYS + VOCAB_KEYS + (("lm_head.weight",) if cfg.architecture == "eagle2" else ())
+    state = {k: v for k, v in state.items() if k not in ignored}
     if "fc.bias" not in state:
         cfg.fc_bias = False
-    head = DraftHead(cfg)
-    missing, unexpected = head.load_state_dict(state, strict=False)
+    if cfg.architecture == "eagle3" and not cfg.draft_vocab_size and "lm_head.weight" in state:
+        cfg.draft_vocab_size = state["lm_head.weight"].shape[0]
+    head = build_head(cfg)
+    try:
+        missing, unexpected = head.load_state_dict(state, strict=False)
+    except RuntimeError as e:  # shape mismatches
+        raise ValueError(f"{directory}: weights do not fit config.json: {' '.join(str(e).split())}") from None
     if missing or unexpected:
         raise ValueError(f"{directory}: weights do not fit the head: missing {missing}, unexpected {unexpected}")
+    if isinstance(head, Eagle3Head) and (len(draft_ids) if draft_ids is not None else cfg.vocab_size) != cfg.draft_vocab_size:
+        raise ValueError(f"{directory}: the lm_head has {cfg.draft_vocab_size} rows but d2t maps "
+                         f"{'no' if draft_ids is None else len(draft_ids)} draft ids")
     head.draft_ids = draft_ids
     return head.to(device=device, dtype=dtype or next(iter(state.values())).dtype).eval()
 
@@ -121,5 +139,7 @@ def write_draft_vocab(directory: str | Path, ids: torch.Tensor) -> Path:
     """Add (or replace) the draft vocabulary of a saved head, keeping its weights' dtype."""
     head = load_head(directory)
     head.draft_ids = ids
+    if isinstance(head, Eagle3Head):
+        raise ValueError(f"{directory}: an EAGLE-3 head's vocabulary is fixed by its trained lm_head")
     card = Path(directory) / "README.md"
     return save_head(directory, head, dtype=head.fc.weight.dtype, card=card.read_text() if card.exists() else None)

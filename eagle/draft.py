@@ -50,7 +50,11 @@ class DraftConfig:
     hidden_act: str = "silu"
     fc_bias: bool = True
     target: str = ""
+    # Target hidden_states indices the head reads ([-1] = the last, post-norm: EAGLE-1/2).
+    # EAGLE-3: three layer inputs; [] = the paper's default for the target's depth N, [2, N//2, N-3].
     feature_layers: list[int] = field(default_factory=lambda: [-1])
+    architecture: str = "eagle2"  # eagle2 (EAGLE-1/2 head, this file) | eagle3 (eagle/draft3.py)
+    draft_vocab_size: int | None = None  # eagle3: rows of the head's own lm_head
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:
@@ -96,6 +100,10 @@ class DraftConfig:
         kwargs.setdefault("num_key_value_heads", kwargs["num_attention_heads"])
         if "bias" in raw and "fc_bias" not in raw:  # EAGLE's key for the fc bias
             kwargs["fc_bias"] = bool(raw["bias"])
+        if "architecture" not in raw and _is_authors_eagle3(raw):
+            kwargs.update(architecture="eagle3", fc_bias=False, feature_layers=[])
+        if kwargs.get("architecture", "eagle2") not in ("eagle2", "eagle3"):
+            raise ValueError(f"{path}: architecture {kwargs['architecture']!r} is neither eagle2 nor eagle3")
         return cls(**kwargs)
 
     def to_json(self) -> str:
@@ -122,6 +130,11 @@ class DraftConfig:
         )
 
 
+def _is_authors_eagle3(raw: dict) -> bool:
+    """An EAGLE-3 config as the EAGLE authors publish it (LlamaForCausalLMEagle3, draft_vocab_size)."""
+    return "draft_vocab_size" in raw or any("eagle3" in a.lower() for a in raw.get("architectures") or [])
+
+
 def _rope_params(cfg) -> dict:
     """Rope settings of a HF config as one flat dict, across transformers 4.x/5.x names."""
     params = dict(getattr(cfg, "rope_parameters", None) or {})
@@ -136,21 +149,35 @@ def _rope_params(cfg) -> dict:
 KVCache = tuple[torch.Tensor, torch.Tensor]  # ([B, kvH, S, D], [B, kvH, S, D])
 
 
+class DraftRope:
+    """The rotary embedding as a plain attribute, outside the module tree, so that
+    `head.to(bfloat16)` never rounds its frequencies; it follows the input's device."""
+
+    def __init__(self, cfg: DraftConfig):
+        self.emb = LlamaRotaryEmbedding(cfg.llama_config())
+
+    def __call__(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.emb.inv_freq.device != x.device:
+            self.emb.to(x.device)
+        return self.emb(x, position_ids)  # cos, sin: [B, S, D]
+
+
 class DraftAttention(nn.Module):
     """Multi-head attention with grouped KV heads and an explicit, returned KV cache."""
 
-    def __init__(self, cfg: DraftConfig):
+    def __init__(self, cfg: DraftConfig, in_features: int | None = None):
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         bias = cfg.attention_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.n_heads * self.head_dim, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.n_kv * self.head_dim, bias=bias)
+        d = in_features or cfg.hidden_size  # EAGLE-3 attends over [embedding | feature]: 2H
+        self.q_proj = nn.Linear(d, self.n_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(d, self.n_kv * self.head_dim, bias=bias)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.hidden_size, bias=bias)
 
     def forward(
         self,
-        x: torch.Tensor,  # [B, S, H]
+        x: torch.Tensor,  # [B, S, in_features]
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         mask: torch.Tensor | None,  # [B or 1, 1, S, P+S] additive, or None for causal
         past: KVCache | None,
@@ -195,8 +222,7 @@ class DraftHead(nn.Module):
         self.config = cfg
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
         self.layers = nn.ModuleList([DraftLayer(cfg)])
-        # Kept outside the module tree so `.to(bfloat16)` never rounds the rope frequencies.
-        self._rope = LlamaRotaryEmbedding(cfg.llama_config())
+        self._rope = DraftRope(cfg)
         # Target ids the draft may propose, most frequent first ([N] long), or None = all.
         # Saved by eagle.checkpoint as EAGLE-3's d2t/t2d, so not part of state_dict().
         self.register_buffer("draft_ids", None, persistent=False)
@@ -212,17 +238,9 @@ class DraftHead(nn.Module):
         """Return predicted features f̂_{t+1} [B, S, H] and the KV cache extended by S rows."""
         dtype = self.fc.weight.dtype
         x = self.fc(torch.cat([token_embeds.to(dtype), features.to(dtype)], dim=-1))
-        if self._rope.inv_freq.device != x.device:
-            self._rope.to(x.device)
         cos_sin = self._rope(x, position_ids)
         if mask is not None:
             mask = mask.to(x.dtype)
         for layer in self.layers:
             x, past = layer(x, cos_sin, mask, past)
         return x, past
-
-    def __setattr__(self, name, value):
-        if name == "_rope":  # plain attribute, not a submodule (see __init__)
-            object.__setattr__(self, name, value)
-        else:
-            super().__setattr__(name, value)

@@ -11,6 +11,10 @@ Conventions. Feature f_t = target `hidden_states[-1]` at position t (after the f
 `lm_head(f_t)` are the target logits). Head row t takes (f_t, embedding of x_{t+1}) and
 outputs f̂_{t+1}; draft logits are the target's `lm_head(f̂)`. The *root* of every tree is
 the last committed token: decided by the target but not yet in either KV cache.
+
+EAGLE-3 heads (eagle/draft3.py) take the concatenation of three target layers' hidden
+states instead of f_t, output an internal state, and score it with their own lm_head over a
+draft vocabulary; drafting, tree, verification and caches are the same code.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from eagle.autotune import TreeBudget, describe, tune_tree
 from eagle.cache import commit_cache
-from eagle.checkpoint import load_head
-from eagle.draft import DraftHead, KVCache
+from eagle.checkpoint import Head, load_head
+from eagle.draft import KVCache
+from eagle.draft3 import Eagle3Head, default_layers
 from eagle.lookup import lookup_chain, merge_chain
 from eagle.targets import eos_token_ids, resolve_target
 from eagle.tree import (
@@ -123,7 +128,7 @@ class EaModel(nn.Module):
     def __init__(
         self,
         target: nn.Module,
-        head: DraftHead,
+        head: Head,
         tokenizer=None,
         total_token: int | str = 24,
         depth: int = 5,
@@ -145,6 +150,7 @@ class EaModel(nn.Module):
         self.eos_ids = eos_token_ids(target, tokenizer)
         self.last_stats: GenerationStats | None = None
         _check_head_fits(head, target)
+        self._feature_layers = _feature_layers(head, target)
         self._draft_ids, self._draft_lm_head = _draft_vocabulary(head, target.get_output_embeddings(), draft_vocab)
         self.tuning: TreeBudget | None = None
         if total_token != "auto" and (not isinstance(total_token, int) or total_token < 1):
@@ -317,7 +323,7 @@ class EaModel(nn.Module):
         Returns target token ids [M], cumulative draft log-probs [M] and parents [M]
         (candidate indices, -1 = the root), parents before children; M = k + (depth-1)*k*k.
         """
-        k = min(self.top_k, self._draft_lm_head.weight.shape[0])
+        k = min(self.top_k, self.draft_vocab_size)
         drafts = _DraftCache(state)
         logp = self._draft_logp(state.draft_hidden)  # [1, Vd]
         tokens, scores, _ = expand_topk(torch.zeros(1), logp, k)  # [k] depth-1 candidates
@@ -366,6 +372,12 @@ class EaModel(nn.Module):
                 tokens[c] = top[where[int(shape.parents[c])], min(rank, kmax - 1)]
         return tokens, shape.parents
 
+    @property
+    def draft_vocab_size(self) -> int:
+        """How many tokens the draft scores (Vd)."""
+        return self._draft_lm_head[-1].out_features if isinstance(self._draft_lm_head, nn.Sequential) \
+            else self._draft_lm_head.out_features
+
     def _draft_logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft log-probs over the draft vocabulary [m, Vd] (fp32, on the CPU) from head outputs [m, H]."""
         with record_function("eagle.draft.lm_head"):
@@ -379,10 +391,13 @@ class EaModel(nn.Module):
 
     def _target_forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
                         cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target over tokens [q] at positions [q]; returns logits [q, V] and features [q, H]."""
+        """Target over tokens [q] at positions [q]; returns logits [q, V] and the head's input
+        features [q, H] (EAGLE-3: [q, 3H], its layers side by side)."""
         out = self.target(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
                           past_key_values=cache, use_cache=True, output_hidden_states=True)
-        return out.logits[0], out.hidden_states[-1][0]
+        if self._feature_layers is None:
+            return out.logits[0], out.hidden_states[-1][0]
+        return out.logits[0], torch.cat([out.hidden_states[i][0] for i in self._feature_layers], dim=-1)
 
     def _head_forward(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                       mask: torch.Tensor | None, past: KVCache | None) -> tuple[torch.Tensor, KVCache]:
@@ -452,7 +467,7 @@ class _DraftCache:
         return hidden, torch.arange(f, f + m)
 
 
-def _check_head_fits(head: DraftHead, target: nn.Module) -> None:
+def _check_head_fits(head: Head, target: nn.Module) -> None:
     """One-line error when a head was trained for a different target (hidden size or vocabulary)."""
     vocab, hidden = target.get_input_embeddings().weight.shape
     c = head.config
@@ -465,22 +480,45 @@ def _check_head_fits(head: DraftHead, target: nn.Module) -> None:
         )
 
 
-def _draft_vocabulary(head: DraftHead, lm_head: nn.Linear, size: int | None) -> tuple[torch.Tensor | None, nn.Linear]:
-    """(target ids of the draft vocabulary [Vd] or None, the lm_head rows the draft scores with)."""
+def _feature_layers(head: Head, target: nn.Module) -> list[int] | None:
+    """hidden_states indices an EAGLE-3 head reads (its config's, else the paper's default), None for EAGLE-1/2."""
+    if not isinstance(head, Eagle3Head):
+        return None
+    n = target.config.get_text_config().num_hidden_layers
+    layers = list(head.config.feature_layers) or default_layers(n)
+    if any(not -n - 1 <= i <= n for i in layers):
+        raise ValueError(f"this EAGLE-3 head reads target layers {layers}, but the target has {n} layers")
+    return layers
+
+
+def _draft_vocabulary(head: Head, lm_head: nn.Linear, size: int | None) -> tuple[torch.Tensor | None, nn.Module]:
+    """(target ids of the draft vocabulary [Vd] or None = all, the module scoring head outputs over it).
+
+    EAGLE-1/2: rows of the target's lm_head. EAGLE-3: the head's own norm and lm_head. With
+    `size`, only the first `size` ids (the most frequent, for heads this project trains)."""
     ids = head.draft_ids
     if size is not None:
         if ids is None:
             raise ValueError("draft_vocab needs a head with a stored draft vocabulary (python -m train.vocab STORE --head DIR)")
         ids = ids[:size]
+    if isinstance(head, Eagle3Head):
+        rows = head.lm_head if size is None else _rows(head.lm_head, torch.arange(ids.numel()))
+        return None if ids is None else ids.to("cpu", torch.long), nn.Sequential(head.norm, rows)
     if ids is None:
         return None, lm_head
     ids = ids.to("cpu", torch.long)
-    rows = nn.Linear(lm_head.in_features, ids.numel(), bias=lm_head.bias is not None)
-    rows = rows.to(device=lm_head.weight.device, dtype=lm_head.weight.dtype).requires_grad_(False)
-    rows.weight.copy_(lm_head.weight[ids.to(lm_head.weight.device)])
-    if lm_head.bias is not None:
-        rows.bias.copy_(lm_head.bias[ids.to(lm_head.weight.device)])
-    return ids, rows
+    return ids, _rows(lm_head, ids)
+
+
+def _rows(linear: nn.Linear, ids: torch.Tensor) -> nn.Linear:
+    """A frozen Linear holding the output rows `ids` [N] of `linear`."""
+    rows = nn.Linear(linear.in_features, ids.numel(), bias=linear.bias is not None)
+    rows = rows.to(device=linear.weight.device, dtype=linear.weight.dtype).requires_grad_(False)
+    index = ids.to(linear.weight.device)
+    rows.weight.copy_(linear.weight[index])
+    if linear.bias is not None:
+        rows.bias.copy_(linear.bias[index])
+    return rows
 
 
 def _load_tokenizer(path: Path):

@@ -6,6 +6,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+import data_prep  # noqa: F401  registers the resolvers the Hydra configs use, for tests that compose them
+
 
 @pytest.fixture(autouse=True)
 def _single_thread():

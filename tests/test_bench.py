@@ -50,10 +50,22 @@ def test_end_to_end_on_tiny_target(tiny_dir, tmp_path):
     qfile = tmp_path / "q.jsonl"
     qfile.write_text("\n".join(json.dumps({"question_id": i, "category": "c%d" % (i % 2), "turns": ["Hi %d" % i, "More"]})
                                for i in range(2)))
-    table = main(["--base", str(tiny_dir), "--head", str(tmp_path / "head"), "--prompts", str(qfile), "--dtype", "float32",
-                  "--max-new-tokens", "12", "--methods", "vanilla,eagle2,eagle1,eagle2-lookup,pld", "--out", str(tmp_path / "out"),
+    from test_eagle3 import random_eagle3_head
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    save_head(tmp_path / "head3", random_eagle3_head(target, vocab_ids=torch.arange(40, 100)), dtype=torch.float32)
+    torch.manual_seed(1)
+    save_head(tmp_path / "other", DraftHead(DraftConfig.from_target_config(target.config)), dtype=torch.float32)
+    methods = ["eagle2", "eagle1", "eagle2-lookup", "eagle3", "eagle3-lookup", "eagle2@other", "pld"]
+    table = main(["--base", str(tiny_dir), "--head", str(tmp_path / "head"), "--head3", str(tmp_path / "head3"),
+                  "--heads", f"other={tmp_path / 'other'}", "--prompts", str(qfile), "--dtype", "float32",
+                  "--max-new-tokens", "12", "--methods", ",".join(["vanilla", *methods]), "--out", str(tmp_path / "out"),
                   "--no-progress"])
-    for m in ("eagle2", "eagle1", "eagle2-lookup", "pld"):
-        assert table[m]["all"]["equal_to_vanilla"] == "4/4"
+    for m in methods:
+        assert table[m]["all"]["equal_to_vanilla"] == "4/4", m
+    meta = json.loads((tmp_path / "out" / "results.json").read_text())["meta"]["trees"]
+    assert meta["eagle3"]["head"] == "eagle3" and meta["eagle3"]["draft_vocab"] == 60
+    assert meta["eagle2@other"]["head"] == "eagle2"
     assert {p.name for p in (tmp_path / "out").iterdir()} >= {"results.json", "results.md", "speedup_by_category.png",
                                                                "accepted_length_hist.png"}

@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 import torch
 from conftest import tiny_llama
+from test_eagle3 import random_eagle3_head, subset
 from test_model import near_bigram_pair, random_head
 
 from eagle.model import EaModel
@@ -118,12 +119,15 @@ def exact_first_two(target, ids: torch.Tensor, params: SamplingParams) -> dict:
 
 
 @pytest.mark.parametrize("head_kind,setting", [("random", "T=1"), ("bigram", "T=1"), ("random", "T=0.8,top_k=3"),
-                                               ("bigram", "T=1.2,top_p=0.7")])
+                                               ("bigram", "T=1.2,top_p=0.7"), ("eagle3", "T=1")])
 def test_eagenerate_first_tokens_match_target_distribution(head_kind, setting):
     params = SETTINGS[setting]
     vocab, draws = 8, 1500
     if head_kind == "bigram":
         target, head = near_bigram_pair(3, vocab_size=vocab, coupling=0.3)
+    elif head_kind == "eagle3":  # drafts from 5 of the 8 tokens; the target still samples all 8
+        target = tiny_llama(3, vocab_size=vocab)
+        head = random_eagle3_head(target, vocab_ids=subset(vocab, 5, 3), seed=4)
     else:
         target = tiny_llama(3, vocab_size=vocab)
         head = random_head(target, 4)

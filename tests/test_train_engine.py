@@ -204,3 +204,42 @@ def test_training_time_test_trains(tiny, tmp_path):
     result = trainer.fit()
     assert result.eval_metrics["feature_loss"] < before["feature_loss"]
     assert result.train_metrics and set(before) == set(result.eval_metrics) - {k for k in result.eval_metrics if k.startswith("tau")}
+
+
+@pytest.fixture(scope="module")
+def tiny3(tmp_path_factory):
+    """(target_dir, store_dir) of a store that also holds hidden_states[0] and [1] (EAGLE-3)."""
+    base = tmp_path_factory.mktemp("tiny3")
+    model = tiny_llama(seed=0)
+    model.save_pretrained(base / "target")
+    write_tiny_store(model, base / "store", records=48, target_path=str(base / "target"), feature_layers=(0, 1, -1))
+    return base / "target", base / "store"
+
+
+def test_eagle3_head_trains_exports_and_decodes_losslessly(tiny3, tmp_path):
+    """head=eagle3: fused layers in, k-step training-time test, token loss over the draft
+    vocabulary; the exported head loads as EAGLE-3 and decodes exactly like the target."""
+    from eagle.draft3 import Eagle3Head
+    from eagle.model import EaModel
+
+    cfg = make_cfg(tiny3, tmp_path, "head=eagle3", "model.feature_layers=[0,1,-1]", "train.max_steps=25",
+                   "train.ttt_steps=3", "train.draft_vocab=64")
+    trainer = Trainer(cfg)
+    assert trainer.eagle3 and trainer.vocab_ids.numel() == 64
+    before = trainer.evaluate()
+    result = trainer.fit()
+    assert result.eval_metrics["token_loss"] < before["token_loss"]
+    assert result.eval_metrics["feature_loss"] == 0.0
+    head = load_head(result.head_dir, dtype=torch.float32)
+    assert isinstance(head, Eagle3Head) and head.config.feature_layers == [0, 1]
+    assert torch.equal(head.draft_ids, trainer.vocab_ids)
+    target = tiny_llama(seed=0)
+    model = EaModel(target, head, total_token=10, depth=3, top_k=3)
+    ids = torch.randint(3, 128, (1, 9), generator=torch.Generator().manual_seed(0))
+    ref = target.generate(ids, do_sample=False, max_new_tokens=20, attention_mask=torch.ones_like(ids))
+    assert torch.equal(model.eagenerate(ids, max_new_tokens=20), ref)
+
+
+def test_eagle3_needs_a_store_with_its_layers(tiny, tmp_path):
+    with pytest.raises(ValueError, match="prepare a store with head=eagle3"):
+        Trainer(make_cfg(tiny, tmp_path, "head=eagle3", "model.feature_layers=[0,1,-1]", "train.max_steps=1"))

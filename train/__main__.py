@@ -9,6 +9,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+import data_prep  # noqa: F401  registers the config's resolvers (data_prep/layers.py)
+
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:

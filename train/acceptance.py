@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eagle.draft import DraftConfig, DraftHead
+from eagle.checkpoint import Head, build_head
+from eagle.draft import DraftConfig
 from eagle.tree import Choices
 
 log = logging.getLogger("train")
@@ -103,10 +104,12 @@ def count_tau(model, prompts: list[torch.Tensor], max_new_tokens: int) -> TauCou
     return count
 
 
-def head_from_state(state: dict[str, torch.Tensor], config: DraftConfig, dtype: torch.dtype) -> DraftHead:
-    """A DraftHead in `dtype` from a full state dict (e.g. train.engine.full_state_dict)."""
-    head = DraftHead(config)
+def head_from_state(state: dict[str, torch.Tensor], config: DraftConfig, dtype: torch.dtype,
+                    draft_ids: torch.Tensor | None = None) -> Head:
+    """A head in `dtype` from a full state dict (e.g. train.engine.full_state_dict) and its draft vocabulary."""
+    head = build_head(config)
     head.load_state_dict({k: v.float() for k, v in state.items()})
+    head.draft_ids = draft_ids
     return head.to(dtype).eval().requires_grad_(False)
 
 
@@ -149,7 +152,7 @@ class Judge:
     def dtype(self) -> torch.dtype:
         return self.target.get_input_embeddings().weight.dtype
 
-    def measure(self, head: DraftHead) -> Acceptance:
+    def measure(self, head: Head) -> Acceptance:
         """τ of `head` (in the target's dtype) under every tree of the judge."""
         from eagle.model import EaModel
 
@@ -161,7 +164,8 @@ class Judge:
         result.seconds = time.perf_counter() - start
         return result
 
-    def measure_state(self, state: dict[str, torch.Tensor], config: DraftConfig) -> Acceptance:
+    def measure_state(self, state: dict[str, torch.Tensor], config: DraftConfig,
+                      draft_ids: torch.Tensor | None = None) -> Acceptance:
         """`measure` of a head built from full weights; the global RNG state is left as it was.
 
         Non-finite weights (a diverged run) give τ = nan instead of decoding garbage drafts.
@@ -170,7 +174,7 @@ class Judge:
             log.warning("τ judge: the head has non-finite weights; reporting tau = nan")
             return Acceptance({name: TauCount() for name in self.trees})
         with torch.random.fork_rng(devices=[]):  # DraftHead init and model loading draw from it
-            head = head_from_state(state, config, self.dtype)
+            head = head_from_state(state, config, self.dtype, draft_ids)
             return self.measure(head)
 
 

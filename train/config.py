@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
+import data_prep  # noqa: F401  registers the config's resolvers (data_prep/layers.py)
+
 
 @dataclass
 class TrainConfig:
@@ -22,6 +24,8 @@ class TrainConfig:
     draft_vocab: int | None = None  # token loss over the N most frequent training tokens only (None = all)
     ttt_steps: int = 1  # training-time test: passes of the head over its own predictions (1 = plain EAGLE)
     ttt_decay: float = 0.8  # loss weight of pass i is ttt_decay**i
+    ttt_detach: bool = True  # no gradient from a pass into the previous one
+    head: str = "eagle2"  # eagle2 | eagle3 (set by the `head` config group)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay: float = 0.0
     warmup_steps: int = 2000
@@ -78,7 +82,7 @@ RESUME_HINT = "train.resume must be 'auto', 'none' or a checkpoint directory"
 
 def validate(cfg: DictConfig) -> DictConfig:
     """Return `cfg` with `train`, `wandb`, `hub` typed by their schema; raise on bad values."""
-    if "model" not in cfg:
+    if "path" not in cfg.get("model", {}):  # the head group alone only sets model.feature_layers
         raise ValueError("no target model: choose one with +model=NAME (a file of conf/model/)")
     cfg = cfg.copy()
     OmegaConf.set_struct(cfg, False)

@@ -32,6 +32,7 @@ class Batch:
     loss_mask: torch.Tensor  # [B, S] bool, False on padding
     hidden: torch.Tensor  # [B, S, H] store dtype, zeros on padding
     lengths: torch.Tensor  # [B] int64
+    aux: torch.Tensor | None = None  # [B, S, K*H] the extra layers (EAGLE-3 stores), zeros on padding
 
     @property
     def num_pairs(self) -> int:
@@ -47,12 +48,16 @@ def collate(records: Sequence[Record]) -> Batch:
     input_ids = torch.zeros(b, s, dtype=torch.int64)
     loss_mask = torch.zeros(b, s, dtype=torch.bool)
     hidden = torch.zeros(b, s, h, dtype=records[0].hidden_states.dtype)
+    first_aux = records[0].aux_hidden_states
+    aux = None if first_aux is None else torch.zeros(b, s, first_aux.shape[-1], dtype=first_aux.dtype)
     for i, r in enumerate(records):
         n = len(r.input_ids)
         input_ids[i, :n] = r.input_ids
         loss_mask[i, :n] = r.loss_mask.bool()
         hidden[i, :n] = r.hidden_states
-    return Batch(input_ids, loss_mask, hidden, lengths)
+        if aux is not None:
+            aux[i, :n] = r.aux_hidden_states
+    return Batch(input_ids, loss_mask, hidden, lengths, aux)
 
 
 class RecordDataset(Dataset):

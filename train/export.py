@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from eagle.checkpoint import save_head
-from eagle.draft import DraftConfig, DraftHead
+from eagle.checkpoint import build_head, save_head
+from eagle.draft import DraftConfig
 
 
 @dataclass
@@ -90,11 +90,11 @@ against the target's argmax token, on loss-masked positions of the held-out spli
 
 def export_head(directory: str | Path, state: dict[str, torch.Tensor], config: DraftConfig,
                 card: str, dtype: torch.dtype = torch.bfloat16, vocab_ids: torch.Tensor | None = None) -> Path:
-    """Build a DraftHead from a full state dict and save it atomically with its card.
+    """Build the head from a full state dict and save it atomically with its card.
 
     vocab_ids [N]: the draft vocabulary (target ids, most frequent first) stored with the head.
     """
-    head = DraftHead(config)
+    head = build_head(config)
     head.load_state_dict({k: v.float() for k, v in state.items()})
     head.draft_ids = vocab_ids
     return save_head(directory, head, dtype=dtype, card=card)

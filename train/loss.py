@@ -1,10 +1,14 @@
-"""The EAGLE loss: v_w * SmoothL1(feature) + p_w * CE(token), over loss-masked pairs only.
+"""The draft losses, over loss-masked pairs only.
+
+EAGLE-1/2 (`eagle_loss`): v_w * SmoothL1(feature) + p_w * CE(token). EAGLE-3 (`eagle3_loss`):
+CE(token) over the draft vocabulary only, no feature term.
 
 Pairing (see train/data.py): from a padded batch of S rows we form S-1 pairs,
     inputs  f_t = hidden[:, :-1]        tokens x_{t+1} = input_ids[:, 1:]
     target  f_{t+1} = hidden[:, 1:]     counted iff loss_mask[:, 1:]
-The token term is the cross-entropy of the draft's distribution softmax(lm_head(f̂)) against
-the target's softmax(lm_head(f)) as a soft label. `lm_head` runs only on the masked rows.
+(EAGLE-3 inputs are the fused layers aux[:, :-1] instead of f_t.) The token term is the
+cross-entropy of the draft's distribution against the target's softmax(lm_head(f_{t+1})) as a
+soft label. `lm_head` runs only on the masked rows.
 """
 
 from __future__ import annotations
@@ -19,19 +23,22 @@ import torch.nn.functional as F
 class Pairs:
     """Model inputs and targets of one batch, already shifted."""
 
-    features: torch.Tensor  # [B, S-1, H] f_t
+    features: torch.Tensor  # [B, S-1, H] f_t (EAGLE-3: [B, S-1, 3H] its fused layers at t)
     next_ids: torch.Tensor  # [B, S-1] x_{t+1}
     target: torch.Tensor  # [B, S-1, H] f_{t+1}
     mask: torch.Tensor  # [B, S-1] bool, pairs that count
     position_ids: torch.Tensor  # [B, S-1]
 
 
-def make_pairs(input_ids: torch.Tensor, loss_mask: torch.Tensor, hidden: torch.Tensor) -> Pairs:
-    """Shift a batch ([B, S], [B, S], [B, S, H]) into (f_t, x_{t+1}) -> f_{t+1} pairs."""
+def make_pairs(input_ids: torch.Tensor, loss_mask: torch.Tensor, hidden: torch.Tensor,
+               inputs: torch.Tensor | None = None) -> Pairs:
+    """Shift a batch ([B, S], [B, S], [B, S, H]) into (f_t, x_{t+1}) -> f_{t+1} pairs.
+
+    inputs [B, S, K*H]: the head's input features when they are not `hidden` (EAGLE-3)."""
     b, s = input_ids.shape
     position_ids = torch.arange(s - 1, device=input_ids.device).expand(b, -1)
     return Pairs(
-        features=hidden[:, :-1],
+        features=(hidden if inputs is None else inputs)[:, :-1],
         next_ids=input_ids[:, 1:],
         target=hidden[:, 1:],
         mask=loss_mask[:, 1:].bool(),
@@ -98,6 +105,59 @@ def eagle_loss(
             "topk": hits.any(-1).sum().double(),
         }
     return LossOutput(loss, feature_loss.detach(), token_loss.detach(), sums)
+
+
+@dataclass
+class VocabTarget:
+    """The target's next-token distribution at the masked pairs, restricted to a draft vocabulary."""
+
+    probs: torch.Tensor  # [N, Vd] softmax of the target logits over the draft vocabulary only
+    top: torch.Tensor  # [N] the target's argmax over the whole vocabulary (target ids)
+    in_vocab: torch.Tensor  # [N] bool: that argmax is in the draft vocabulary (else the row has no loss)
+    column: torch.Tensor  # [N] position of each pair in its sequence (passes > 0 skip the first ones)
+
+
+@torch.no_grad()
+def vocab_target(target: torch.Tensor, mask: torch.Tensor, lm_head: torch.Tensor, draft_ids: torch.Tensor | None,
+                 in_draft: torch.Tensor | None) -> VocabTarget:
+    """From target features f_{t+1} [B, S, H], mask [B, S], the full lm_head [V, H], the draft
+    vocabulary (target ids [Vd], None = all) and its membership [V] bool."""
+    logits = target[mask].to(lm_head.dtype) @ lm_head.T  # [N, V]
+    top = logits.argmax(-1)
+    in_vocab = torch.ones_like(top, dtype=torch.bool) if in_draft is None else in_draft[top]
+    restricted = logits if draft_ids is None else logits[:, draft_ids]  # [N, Vd]
+    column = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)[mask]
+    return VocabTarget(torch.softmax(restricted.float(), dim=-1), top, in_vocab, column)
+
+
+def eagle3_loss(logits_of, pred: torch.Tensor, mask: torch.Tensor, target: VocabTarget, step: int = 0,
+                draft_ids: torch.Tensor | None = None, topk: int = 3) -> LossOutput:
+    """EAGLE-3's token loss for the head states `pred` [B, S, H] of unrolled pass `step`.
+
+    logits_of: head states [N, H] -> draft-vocabulary logits [N, Vd] (the head's norm + lm_head).
+    CE against `target.probs` over rows whose target argmax is in the draft vocabulary; top-1
+    counts every row (a target token outside the vocabulary is a miss)."""
+    keep = target.column >= step  # rows with a whole draft chain behind them
+    states = pred[mask][keep]  # [n, H]
+    n = states.shape[0]
+    if n == 0:
+        zero = pred.sum() * 0.0
+        sums = {k: torch.zeros((), dtype=torch.float64) for k in ("n", "feature", "token", "top1", "topk")}
+        return LossOutput(zero, zero.detach(), zero.detach(), sums)
+    logp = torch.log_softmax(logits_of(states).float(), dim=-1)  # [n, Vd]
+    probs, top, in_vocab = target.probs[keep], target.top[keep], target.in_vocab[keep]
+    ce = -(probs * logp).sum(-1)  # [n]
+    token_loss = (ce * in_vocab).sum() / in_vocab.sum().clamp(min=1)
+    with torch.no_grad():
+        draft_top = logp.topk(min(topk, logp.shape[-1]), dim=-1).indices  # [n, k] draft ids
+        if draft_ids is not None:
+            draft_top = draft_ids[draft_top]
+        hits = draft_top == top[:, None]
+        zero = torch.zeros((), dtype=torch.float64)
+        sums = {"n": torch.tensor(float(n), dtype=torch.float64), "feature": zero,
+                "token": token_loss.detach().double() * n, "top1": hits[:, 0].sum().double(),
+                "topk": hits.any(-1).sum().double()}
+    return LossOutput(token_loss, zero, token_loss.detach(), sums)
 
 
 def summarize(sums: dict[str, torch.Tensor], topk: int = 3) -> dict[str, float]:

@@ -25,8 +25,10 @@ def write_tiny_store(
     seed: int = 0,
     dtype: torch.dtype = torch.bfloat16,
     target_path: str = "",
+    feature_layers: tuple[int, ...] = (-1,),
 ) -> Path:
-    """Write a complete store of `records` random sequences; features = hidden_states[-1]."""
+    """Write a complete store of `records` random sequences; features = hidden_states[-1], and
+    the other `feature_layers` (hidden_states indices) side by side as aux_hidden_states."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
@@ -35,10 +37,12 @@ def write_tiny_store(
     for _ in range(records):
         n = int(torch.randint(min_len, max_len + 1, (1,), generator=g))
         ids = torch.randint(3, cfg.vocab_size, (n,), generator=g)
-        hidden = model(ids[None], output_hidden_states=True).hidden_states[-1][0]  # [n, H]
+        states = model(ids[None], output_hidden_states=True).hidden_states
+        extra = [states[i][0] for i in feature_layers if i != -1]
         mask = torch.zeros(n, dtype=torch.uint8)
         mask[prompt_len:] = 1
-        out.append(Record(input_ids=ids, loss_mask=mask, hidden_states=hidden))
+        out.append(Record(input_ids=ids, loss_mask=mask, hidden_states=states[-1][0],  # [n, H]
+                          aux_hidden_states=torch.cat(extra, dim=-1) if extra else None))  # [n, K*H]
     shards = [
         write_shard(directory / shard_name(k), out[i:i + shard_records], hidden_size=cfg.hidden_size, dtype=dtype)
         for k, i in enumerate(range(0, records, shard_records))
@@ -46,7 +50,7 @@ def write_tiny_store(
     target = {
         "name": "tiny-llama", "path": target_path, "hidden_size": cfg.hidden_size,
         "vocab_size": cfg.vocab_size, "num_layers": cfg.num_hidden_layers, "dtype": str(dtype),
-        "feature_layers": [-1],
+        "feature_layers": list(feature_layers),
     }
     source = {"data": "random tokens", "read": records, "kept": records, "skipped": {}}
     write_manifest(directory, new_manifest(target, source, shards, complete=True, chat_template_sha256=""))

@@ -20,25 +20,27 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from eagle.draft import DraftHead
+from eagle.checkpoint import build_head
 from train.data import collate
-from train.loss import eagle_loss, make_pairs, uniform_noise
+from train.loss import uniform_noise
+from train.unroll import unrolled_forward
 
 
 def bare_tokens_per_s(trainer, batches: list[list[int]]) -> float:
-    """Pairs/s of forward + EAGLE loss + backward of a plain head over pre-collated batches."""
+    """Pairs/s of forward + loss + backward of a plain head (no engine) over pre-collated batches."""
     t = trainer.cfg.train
-    head = DraftHead(trainer.draft_config).to(trainer.dtype).train()
+    head = build_head(trainer.draft_config).to(trainer.dtype).train()
     collated = [collate([trainer.store[i] for i in b]) for b in batches]
     pairs = sum(b.num_pairs for b in collated)
     gen = torch.Generator().manual_seed(0)
     start = time.perf_counter()
     for batch in collated:
-        p = make_pairs(batch.input_ids, batch.loss_mask, batch.hidden)
+        p = trainer.pairs(batch)
         features = uniform_noise(p.features, t.noise, t.noise_ref_len, gen).to(trainer.dtype)
-        pred, _ = head(features, trainer.frozen.embed_tokens(p.next_ids), p.position_ids)
-        out = eagle_loss(pred, p.target, p.mask, trainer.loss_lm_head, t.v_w, t.p_w, t.topk)
-        out.loss.backward()
+        preds = unrolled_forward(head, features, trainer.frozen.embed_tokens(p.next_ids), p.position_ids,
+                                 t.ttt_steps, t.ttt_detach)
+        outs = trainer.losses(preds, p, head=head)
+        sum(t.ttt_decay ** i * o.loss for i, o in enumerate(outs)).backward()
     return pairs / (time.perf_counter() - start)
 
 

@@ -31,14 +31,15 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from data_prep.store import FeatureStore
-from eagle.draft import DraftConfig, DraftHead
+from eagle.checkpoint import Head, build_head, load_head
+from eagle.draft import DraftConfig
 from train.acceptance import Judge, held_back_prompts
 from train.data import Batch, BatchPlan, length_batches, loader, split_indices
 from train.engine import build_engine, compute_dtype, ds_config, full_state_dict, init_distributed
 from train.export import CardInfo, export_head, model_card
 from train.frozen import Frozen, load_frozen
-from train.loss import LossOutput, eagle_loss, make_pairs, summarize, uniform_noise
-from train.unroll import unrolled_forward
+from train.loss import LossOutput, Pairs, eagle3_loss, eagle_loss, make_pairs, summarize, uniform_noise, vocab_target
+from train.unroll import pass_mask, unrolled_forward
 from train.vocab import coverage, draft_ids, token_counts
 
 log = logging.getLogger("train")
@@ -68,19 +69,21 @@ class Trainer:
         self.store = FeatureStore(cfg.store_dir)
         self.target_dir = _resolve_target(cfg.model.path)
         self.draft_config = _draft_config(self.target_dir, cfg)
-        if self.store.hidden_size != self.draft_config.hidden_size:
-            raise ValueError(
-                f"{cfg.store_dir}: features have hidden size {self.store.hidden_size}, "
-                f"target {cfg.model.path} has {self.draft_config.hidden_size}"
-            )
+        self.eagle3 = self.draft_config.architecture == "eagle3"
+        _check_store(self.store, cfg, self.draft_config)
         self.ds_conf = ds_config(cfg)
         self.dtype = compute_dtype(self.ds_conf)
         self.frozen: Frozen = load_frozen(self.target_dir, self.dtype)
         self.lengths = self.store.lengths()
         self.train_idx, self.eval_idx = split_indices(self.lengths, t.eval_fraction, cfg.seed)
         self.token_counts = token_counts(self.store, self.train_idx, self.draft_config.vocab_size)  # [V]
-        self.vocab_ids = draft_ids(self.token_counts)  # [seen] target ids, most frequent first
-        self.loss_lm_head = self._loss_lm_head(t.draft_vocab)  # [Vd, H] rows the training token loss uses
+        if self.eagle3:  # exactly the lm_head's rows, or None for the whole vocabulary
+            vd = self.draft_config.draft_vocab_size
+            self.vocab_ids = draft_ids(self.token_counts, vd, seen_only=False) if vd < self.draft_config.vocab_size else None
+            self.in_draft = None if self.vocab_ids is None else _membership(self.vocab_ids, self.draft_config.vocab_size)
+        else:
+            self.vocab_ids = draft_ids(self.token_counts)  # [seen] target ids, most frequent first
+        self.loss_lm_head = self._loss_lm_head(t.draft_vocab)  # [Vd, H] rows the EAGLE-1/2 token loss uses
         self.plan = BatchPlan(self.train_idx, self.lengths, t.batch_tokens, cfg.seed, self.rank, self.world)
         self.steps_per_epoch = max(1, self.plan.per_epoch // t.grad_accum)
         self.total_steps = int(t.max_steps or t.epochs * self.steps_per_epoch)
@@ -99,7 +102,7 @@ class Trainer:
     def _loss_lm_head(self, size: int | None) -> torch.Tensor:
         """The frozen lm_head, or its rows of the `size` most frequent training tokens (EAGLE-3's
         reduced vocabulary: the token loss and its softmax run over these rows only). [Vd, H]"""
-        if not size:
+        if not size or self.vocab_ids is None:
             return self.frozen.lm_head
         share = coverage(self.token_counts, [size])[size]
         log.info("draft vocabulary: %d tokens cover %.4f of the training tokens", size, share)
@@ -107,15 +110,34 @@ class Trainer:
 
     # ---------------------------------------------------------------- steps
 
+    def pairs(self, batch: Batch) -> Pairs:
+        """The batch's training pairs; an EAGLE-3 head reads the stored extra layers."""
+        return make_pairs(batch.input_ids, batch.loss_mask, batch.hidden, batch.aux if self.eagle3 else None)
+
+    def losses(self, preds: list[torch.Tensor], p: Pairs, full_vocab: bool = False, head=None) -> list[LossOutput]:
+        """One loss per unrolled pass (pass i skips the first i positions, which have no draft chain).
+
+        EAGLE-1/2: feature + token loss, the token term over the draft vocabulary's lm_head rows
+        (full_vocab: over all rows, for honest held-out top-k). EAGLE-3: the token loss against
+        the target's distribution restricted to the head's vocabulary, scored by `head` (default: the engine's)."""
+        t = self.cfg.train
+        if not self.eagle3:
+            lm_head = self.frozen.lm_head if full_vocab else self.loss_lm_head
+            return [eagle_loss(pred, p.target, pass_mask(p.mask, i), lm_head, t.v_w, t.p_w, t.topk)
+                    for i, pred in enumerate(preds)]
+        target = vocab_target(p.target, p.mask, self.frozen.lm_head, self.vocab_ids, self.in_draft)
+        head = head or self.engine.module
+        return [eagle3_loss(head.logits, pred, p.mask, target, i, self.vocab_ids, t.topk) for i, pred in enumerate(preds)]
+
     def micro_step(self, batch: Batch, micro: int) -> LossOutput:
         """Forward, loss and backward of one micro-batch; the engine steps at accumulation boundaries."""
         t = self.cfg.train
-        p = make_pairs(batch.input_ids, batch.loss_mask, batch.hidden)
+        p = self.pairs(batch)
         gen = torch.Generator().manual_seed(_noise_seed(self.cfg.seed, micro, self.rank))
-        features = uniform_noise(p.features, t.noise, t.noise_ref_len, gen).to(self.dtype)  # [B, S-1, H]
+        features = uniform_noise(p.features, t.noise, t.noise_ref_len, gen).to(self.dtype)  # [B, S-1, H or 3H]
         embeds = self.frozen.embed_tokens(p.next_ids)  # [B, S-1, H]
-        preds = unrolled_forward(self.engine, features, embeds, p.position_ids, t.ttt_steps)  # ttt_steps x [B, S-1, H]
-        outs = [eagle_loss(pred, p.target, p.mask, self.loss_lm_head, t.v_w, t.p_w, t.topk) for pred in preds]
+        preds = unrolled_forward(self.engine, features, embeds, p.position_ids, t.ttt_steps, t.ttt_detach)
+        outs = self.losses(preds, p)  # ttt_steps x
         self.engine.backward(sum(t.ttt_decay ** i * o.loss for i, o in enumerate(outs)))
         self.engine.step()
         return outs[0]  # metrics: the plain (depth-1) pass, comparable across recipes
@@ -198,9 +220,9 @@ class Trainer:
         sums = _zeros()
         self.engine.eval()
         for i, batch in enumerate(loader(self.store, mine)):
-            p = make_pairs(batch.input_ids, batch.loss_mask, batch.hidden)
+            p = self.pairs(batch)
             pred, _ = self.engine(p.features.to(self.dtype), self.frozen.embed_tokens(p.next_ids), p.position_ids)
-            out = eagle_loss(pred, p.target, p.mask, self.frozen.lm_head, t.v_w, t.p_w, t.topk)
+            out = self.losses([pred], p, full_vocab=True)[0]
             if i < real:
                 _accumulate(sums, out.sums, batch.num_pairs)
         self.engine.train()
@@ -213,7 +235,7 @@ class Trainer:
         state = full_state_dict(self.engine)
         metrics: dict[str, float] = {}
         if self.rank == 0:
-            metrics = self.judge.measure_state(state, self.draft_config).metrics()
+            metrics = self.judge.measure_state(state, self.draft_config, self.export_vocab()).metrics()
             self.tau_history.append({"step": self.step, **metrics})
         dist.barrier()  # the other ranks wait here, not inside the next step's all-reduce
         return metrics
@@ -268,9 +290,16 @@ class Trainer:
         if self.rank == 0:
             card = model_card(self.card_info(train_metrics, eval_metrics), self.cfg.hub.repo_id)
             export_head(head_dir, state, self.draft_config, card, getattr(torch, self.cfg.train.export_dtype),
-                        self.vocab_ids[: self.cfg.train.draft_vocab or None])
+                        self.export_vocab())
         dist.barrier()
         return head_dir
+
+    def export_vocab(self) -> torch.Tensor | None:
+        """The draft vocabulary stored with the head: EAGLE-3, its lm_head's rows; EAGLE-1/2, the
+        train.draft_vocab most frequent tokens (every seen token when unset, for `draft_vocab=N` later)."""
+        if self.eagle3 or self.vocab_ids is None:
+            return self.vocab_ids
+        return self.vocab_ids[: self.cfg.train.draft_vocab or None]
 
     def card_info(self, train_metrics: dict, eval_metrics: dict) -> CardInfo:
         m = self.store.manifest
@@ -292,7 +321,8 @@ class Trainer:
         metrics["tokens_per_s"] = float(sums["pairs"]) / max(seconds, 1e-9)
         metrics["lr"] = float(self.engine.get_lr()[0])
         if self.rank == 0:
-            bar.set_postfix(loss=f"{metrics.get('feature_loss', 0):.4f}", top1=f"{metrics.get('top1', 0):.3f}",
+            loss = metrics.get("token_loss" if self.eagle3 else "feature_loss", 0)
+            bar.set_postfix(loss=f"{loss:.4f}", top1=f"{metrics.get('top1', 0):.3f}",
                             tok_s=f"{metrics['tokens_per_s']:.0f}", refresh=False)
         self._log(wb, {f"train/{k}": v for k, v in metrics.items()})
         return metrics
@@ -346,11 +376,41 @@ def _resolve_target(path: str) -> Path:
 
 
 def _draft_config(target_dir: Path, cfg: DictConfig) -> DraftConfig:
+    """The head's sizes from the target; EAGLE-3: its fused layers and draft vocabulary size."""
     from transformers import AutoConfig
 
     target_cfg = AutoConfig.from_pretrained(target_dir)
-    layers = list(cfg.model.get("feature_layers", [-1]))
-    return DraftConfig.from_target_config(target_cfg, target=str(cfg.model.path), feature_layers=layers)
+    kind = str(cfg.train.head)
+    if kind not in ("eagle2", "eagle3"):
+        raise ValueError(f"train.head={kind!r}: choose the head with head=eagle2 or head=eagle3")
+    draft = DraftConfig.from_target_config(target_cfg, target=str(cfg.model.path), feature_layers=[-1])
+    if kind == "eagle3":
+        fused = [int(i) for i in cfg.model.feature_layers if int(i) != -1]
+        if len(fused) < 2 or -1 not in list(cfg.model.feature_layers):
+            raise ValueError(f"head=eagle3 needs model.feature_layers = its fused layers plus -1, got "
+                             f"{list(cfg.model.feature_layers)}")
+        size = cfg.train.draft_vocab or draft.vocab_size
+        draft.architecture, draft.feature_layers, draft.fc_bias = "eagle3", fused, False
+        draft.draft_vocab_size = min(int(size), draft.vocab_size)
+    return draft
+
+
+def _check_store(store: FeatureStore, cfg: DictConfig, draft: DraftConfig) -> None:
+    """The store holds what this head reads: the same hidden size and, for EAGLE-3, its layers."""
+    if store.hidden_size != draft.hidden_size:
+        raise ValueError(f"{cfg.store_dir}: features have hidden size {store.hidden_size}, "
+                         f"target {cfg.model.path} has {draft.hidden_size}")
+    stored = list(store.manifest["target"].get("feature_layers", [-1]))
+    if draft.architecture == "eagle3" and [i for i in stored if i != -1] != draft.feature_layers:
+        raise ValueError(f"{cfg.store_dir}: the store holds layers {stored}, the EAGLE-3 head fuses "
+                         f"{draft.feature_layers}: prepare a store with head=eagle3 (or matching model.feature_layers)")
+
+
+def _membership(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[V] bool: which target ids are in `ids`."""
+    member = torch.zeros(vocab_size, dtype=torch.bool)
+    member[ids] = True
+    return member
 
 
 def _noise_seed(seed: int, micro: int, rank: int) -> int:
@@ -411,13 +471,14 @@ def code_version() -> str:
     return commit + ("-dirty" if dirty else "")
 
 
-def _initial_head(config: DraftConfig, init_head: str | None) -> DraftHead:
+def _initial_head(config: DraftConfig, init_head: str | None) -> Head:
     """A fresh head, or one starting from an exported head's weights (fine-tuning; resume wins over it)."""
-    head = DraftHead(config)
+    head = build_head(config)
     if init_head:
-        from eagle.checkpoint import load_head
-
         start = load_head(init_head, dtype=torch.float32)
+        if start.config.architecture != config.architecture:
+            raise ValueError(f"train.init_head={init_head}: an {start.config.architecture} head cannot start "
+                             f"an {config.architecture} run")
         if start.config.hidden_size != config.hidden_size or start.config.vocab_size != config.vocab_size:
             raise ValueError(f"train.init_head={init_head}: head for hidden {start.config.hidden_size} / vocab "
                              f"{start.config.vocab_size}, target has {config.hidden_size} / {config.vocab_size}")

@@ -34,21 +34,36 @@ def unroll_mask(seq: int, step: int, dtype: torch.dtype, device=None) -> torch.T
 
 
 def shift_predictions(pred: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-    """Next pass's input features: row j gets pred[j-1]; row 0 keeps `first` (its true feature). [B, S, H]"""
+    """Next pass's input features: row j gets pred[j-1]; row 0 keeps `first`. [B, S, H]
+
+    Rows j < pass have no draft chain behind them (it would start before position 0): the
+    loss skips them (`pass_mask`), and no row j >= pass attends to them, so `first` only
+    has to have the right width: the true feature (EAGLE-1/2) or, for an EAGLE-3 head whose
+    inputs are 3H wide, its own output."""
     return torch.cat([first[:, :1], pred[:, :-1]], dim=1)
+
+
+def pass_mask(mask: torch.Tensor, step: int) -> torch.Tensor:
+    """The loss rows of pass `step`: `mask` [B, S] without the first `step` columns."""
+    if step == 0:
+        return mask
+    keep = torch.arange(mask.shape[1], device=mask.device) >= step
+    return mask & keep
 
 
 def unrolled_forward(head, features: torch.Tensor, embeds: torch.Tensor, position_ids: torch.Tensor,
                      steps: int, detach: bool = True) -> list[torch.Tensor]:
-    """Outputs of `steps` passes ([B, S, H] each), pass 0 first; `head` is a DraftHead (or its engine).
+    """Outputs of `steps` passes ([B, S, H] each), pass 0 first; `head` is a draft head (or its engine).
 
-    features [B, S, H] are the (noised) true features f_j, embeds [B, S, H] those of x_{j+1}.
+    features [B, S, H] are the (noised) true features f_j (EAGLE-3: the fused layers, [B, S, 3H]),
+    embeds [B, S, H] those of x_{j+1}.
     With detach, a pass's inputs carry no gradient into the previous pass (as at inference).
     """
     pred, past = head(features, embeds, position_ids)
     outputs = [pred]
+    first = features if features.shape[-1] == pred.shape[-1] else pred.detach()
     for step in range(1, steps):
-        inputs = shift_predictions(pred.detach() if detach else pred, features)
+        inputs = shift_predictions(pred.detach() if detach else pred, first)
         mask = unroll_mask(features.shape[1], step, pred.dtype, pred.device)
         pred, past = head(inputs.to(features.dtype), embeds, position_ids, mask, past)
         outputs.append(pred)

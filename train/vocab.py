@@ -32,10 +32,14 @@ def token_counts(store: FeatureStore, indices: Iterable[int] | None = None, voca
     return counts
 
 
-def draft_ids(counts: torch.Tensor, size: int | None = None) -> torch.Tensor:
-    """Token ids by descending count (ties by id), seen tokens only, at most `size`. [N] long"""
+def draft_ids(counts: torch.Tensor, size: int | None = None, seen_only: bool = True) -> torch.Tensor:
+    """Token ids by descending count (ties by id), at most `size`. [N] long
+
+    seen_only: drop tokens never counted; otherwise exactly `size` ids (an EAGLE-3 lm_head
+    has a fixed number of rows), unseen ones last by id."""
     order = torch.sort(-counts, stable=True).indices
-    order = order[: int((counts > 0).sum())]
+    if seen_only:
+        order = order[: int((counts > 0).sum())]
     return order[:size] if size else order
 
 

@@ -1,0 +1,37 @@
+"""Which target layers a store captures, as the Hydra config names them.
+
+`model.feature_layers` lists `hidden_states` indices (data_prep/features.py): [-1] for
+EAGLE-1/2 heads; `head=eagle3` asks for the paper's low, middle and high layer plus the last
+one (whose `lm_head` gives the target distribution the EAGLE-3 loss needs). Two resolvers
+keep the YAML short and the store directories apart:
+
+    ${eagle3_layers:${model.num_layers}}   -> [2, N//2, N-3, -1]
+    ${layers_tag:${model.feature_layers}}  -> "" for [-1], else "-layers2_15_27_-1"
+"""
+
+from __future__ import annotations
+
+from omegaconf import ListConfig, OmegaConf
+
+from eagle.draft3 import default_layers
+
+
+def eagle3_layers(num_layers) -> ListConfig:
+    """The EAGLE-3 capture of an N-layer target: its three fused layers and the last (a
+    ListConfig, which `OmegaConf.resolve` can store in place, unlike a list)."""
+    if num_layers is None:
+        raise ValueError("head=eagle3 needs model.num_layers (the target's decoder layers) to place its "
+                         "three feature layers; set it in conf/model/NAME.yaml or pass model.feature_layers")
+    return ListConfig(default_layers(int(num_layers)) + [-1])
+
+
+def layers_tag(layers) -> str:
+    """Suffix of the store directory: none for the EAGLE-1/2 default, the layers otherwise."""
+    layers = [int(x) for x in layers]
+    return "" if layers == [-1] else "-layers" + "_".join(str(x) for x in layers)
+
+
+def register_resolvers() -> None:
+    """Make both resolvers known to OmegaConf (idempotent)."""
+    OmegaConf.register_new_resolver("eagle3_layers", eagle3_layers, replace=True)
+    OmegaConf.register_new_resolver("layers_tag", layers_tag, replace=True)

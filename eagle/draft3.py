@@ -1,0 +1,90 @@
+"""The EAGLE-3 draft head (Li et al., 2025): fused multi-layer features, its own lm_head.
+
+Differences from the EAGLE-1/2 head (eagle/draft.py):
+- the input feature g_t = fc([l_t | m_t | h_t]) fuses three target layers (low, middle,
+  high: hidden_states[2], [N//2], [N-3] of an N-layer target by default), Linear(3H -> H);
+- the decoder layer attends over [norm(embedding of x_{t+1}) | norm(g_t)] (2H wide) and
+  adds its output to g_t: a_t = g_t + attn + mlp, an internal state, not a target feature;
+- the draft distribution is `lm_head(norm(a_t))` over a *draft vocabulary* of Vd frequent
+  target tokens (`draft_ids`, saved as d2t/t2d); nothing of the target is reused;
+- deeper drafts feed a_t back in place of g_t (no fc): `forward` fuses only 3H-wide inputs.
+
+Parameter names follow the EAGLE authors' released checkpoints (`fc`, `midlayer.*`, `norm`,
+`lm_head`), so their heads load into this class unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+
+from eagle.draft import DraftAttention, DraftConfig, DraftRope, KVCache
+
+
+def default_layers(num_layers: int) -> list[int]:
+    """The paper's low, middle and high layer for an N-layer target: [2, N//2, N-3]."""
+    if num_layers < 5:
+        raise ValueError(f"EAGLE-3 fuses three distinct layers; a {num_layers}-layer target is too shallow")
+    return [2, num_layers // 2, num_layers - 3]
+
+
+class Eagle3Layer(nn.Module):
+    """One Llama decoder layer whose attention reads [norm(embedding) | norm(feature)]."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        h = cfg.hidden_size
+        self.hidden_norm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
+        self.input_layernorm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
+        self.self_attn = DraftAttention(cfg, in_features=2 * h)
+        self.post_attention_layernorm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
+        self.mlp = LlamaMLP(cfg.llama_config())
+
+    def forward(self, hidden, embeds, cos_sin, mask, past):  # [B, S, H] x2 -> [B, S, H]
+        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, S, 2H]
+        attn, kv = self.self_attn(x, cos_sin, mask, past)
+        hidden = hidden + attn
+        return hidden + self.mlp(self.post_attention_layernorm(hidden)), kv
+
+
+class Eagle3Head(nn.Module):
+    """EAGLE-3 head. `forward` gives the state a_t; `logits` the draft-vocabulary scores."""
+
+    def __init__(self, cfg: DraftConfig):
+        super().__init__()
+        if not cfg.draft_vocab_size:
+            raise ValueError("an EAGLE-3 head needs draft_vocab_size (the rows of its lm_head)")
+        self.config = cfg
+        h, n_layers = cfg.hidden_size, len(cfg.feature_layers) or 3
+        if n_layers < 2:  # `forward` tells fused inputs from its own states by their width
+            raise ValueError(f"an EAGLE-3 head fuses several layers, got feature_layers={cfg.feature_layers}")
+        self.fc = nn.Linear(n_layers * h, h, bias=False)
+        self.midlayer = Eagle3Layer(cfg)
+        self.norm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
+        self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
+        self._rope = DraftRope(cfg)
+        # Target id of each lm_head row ([Vd] long), or None when Vd is the whole vocabulary.
+        self.register_buffer("draft_ids", None, persistent=False)
+
+    def forward(
+        self,
+        features: torch.Tensor,  # [B, S, 3H] target layers, or [B, S, H] the head's own earlier states
+        token_embeds: torch.Tensor,  # [B, S, H] embeddings of x_{t+1}
+        position_ids: torch.Tensor,  # [B, S]
+        mask: torch.Tensor | None = None,  # [B or 1, 1, S, P+S] additive; None = causal
+        past: KVCache | None = None,
+    ) -> tuple[torch.Tensor, KVCache]:
+        """Return the states a_t [B, S, H] and the KV cache extended by S rows."""
+        dtype = self.fc.weight.dtype
+        hidden = features.to(dtype)
+        if hidden.shape[-1] == self.fc.in_features:
+            hidden = self.fc(hidden)
+        cos_sin = self._rope(hidden, position_ids)
+        if mask is not None:
+            mask = mask.to(dtype)
+        return self.midlayer(hidden, token_embeds.to(dtype), cos_sin, mask, past)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary logits [..., Vd] of states [..., H]."""
+        return self.lm_head(self.norm(hidden))

@@ -1,0 +1,184 @@
+"""EAGLE-3 heads: architecture, checkpoints (ours and the authors' layout), lossless decoding,
+the training-time test's equality with inference, and the loss."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import tiny_llama
+from test_model import TREES, hf_greedy, prompt
+
+from eagle.checkpoint import load_head, save_head
+from eagle.draft import DraftConfig
+from eagle.draft3 import Eagle3Head, default_layers
+from eagle.model import EaModel
+from train.loss import eagle3_loss, vocab_target
+from train.unroll import unrolled_forward
+
+
+def random_eagle3_head(target, layers=(0, 1), vocab_ids: torch.Tensor | None = None, seed: int = 0) -> Eagle3Head:
+    """A seeded random EAGLE-3 head reading `layers` of `target`, over `vocab_ids` (None = all)."""
+    cfg = DraftConfig.from_target_config(target.config)
+    cfg.architecture, cfg.feature_layers, cfg.fc_bias = "eagle3", list(layers), False
+    cfg.draft_vocab_size = cfg.vocab_size if vocab_ids is None else vocab_ids.numel()
+    torch.manual_seed(seed)
+    head = Eagle3Head(cfg).eval()
+    head.draft_ids = vocab_ids
+    return head
+
+
+def subset(vocab: int, n: int, seed: int) -> torch.Tensor:
+    return torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:n]
+
+
+def test_default_layers_follow_the_paper():
+    assert default_layers(32) == [2, 16, 29]
+    assert default_layers(30) == [2, 15, 27]
+    with pytest.raises(ValueError, match="too shallow"):
+        default_layers(4)
+
+
+def test_forward_fuses_wide_inputs_and_feeds_back_its_own_states():
+    head = random_eagle3_head(tiny_llama(0))
+    h = head.config.hidden_size
+    fused, embeds, pos = torch.randn(1, 5, 2 * h), torch.randn(1, 5, h), torch.arange(5)[None]
+    with torch.no_grad():
+        out, (k, _) = head(fused, embeds, pos)
+        again, _ = head(head.fc(fused), embeds, pos)  # an H-wide input skips fc
+    assert out.shape == (1, 5, h) and k.shape[2] == 5
+    torch.testing.assert_close(out, again)
+    assert head.logits(out).shape == (1, 5, head.config.draft_vocab_size)
+
+
+@pytest.mark.parametrize("tree", list(TREES))
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("vocab", ["subset", "full"])
+def test_greedy_equals_hf_generate(seed, tree, vocab):
+    target = tiny_llama(seed)
+    ids = subset(128, 48, seed) if vocab == "subset" else None
+    model = EaModel(target, random_eagle3_head(target, vocab_ids=ids, seed=seed + 10), **TREES[tree])
+    for p in range(2):
+        x = prompt(10 * seed + p, 3 + 4 * p)
+        assert torch.equal(model.eagenerate(x, max_new_tokens=24), hf_greedy(target, x, 24))
+
+
+def test_draft_tokens_come_from_the_draft_vocabulary():
+    target = tiny_llama(1)
+    ids = subset(128, 20, 1)
+    model = EaModel(target, random_eagle3_head(target, vocab_ids=ids), total_token=12, depth=4, top_k=3)
+    x = prompt(1, 6)
+    model.eagenerate(x, max_new_tokens=4)
+    state, _ = model._prefill(x, model_params())
+    tree = model._draft_tree(state)
+    assert set(tree.tokens[1:].tolist()) <= set(ids.tolist())
+    assert model.draft_vocab_size == 20
+
+
+def model_params():
+    from eagle.verify import SamplingParams
+
+    return SamplingParams(0.0, 0.0, 0)
+
+
+def test_checkpoint_roundtrip(tmp_path):
+    target = tiny_llama(2)
+    head = random_eagle3_head(target, vocab_ids=subset(128, 40, 2), seed=3)
+    save_head(tmp_path / "h", head, dtype=torch.float32)
+    loaded = load_head(tmp_path / "h")
+    assert isinstance(loaded, Eagle3Head) and loaded.config.feature_layers == [0, 1]
+    assert torch.equal(loaded.draft_ids, head.draft_ids)
+    for k, v in head.state_dict().items():
+        assert torch.equal(loaded.state_dict()[k], v), k
+
+
+def test_authors_layout_loads_and_decodes_losslessly(tmp_path):
+    """A LlamaForCausalLMEagle3 config (no feature_layers: the decoder uses [2, N//2, N-3]),
+    pytorch_model.bin with d2t/t2d and a copy of the target's embeddings."""
+    target = tiny_llama(4, layers=7)
+    ids = subset(128, 64, 4)
+    cfg = DraftConfig.from_target_config(target.config)
+    cfg.architecture, cfg.feature_layers, cfg.fc_bias, cfg.draft_vocab_size = "eagle3", [], False, 64
+    torch.manual_seed(5)
+    head = Eagle3Head(cfg)
+    folder = tmp_path / "authors"
+    folder.mkdir()
+    t = target.config
+    (folder / "config.json").write_text(json.dumps({
+        "architectures": ["LlamaForCausalLMEagle3"], "hidden_size": t.hidden_size, "intermediate_size": t.intermediate_size,
+        "num_attention_heads": t.num_attention_heads, "num_key_value_heads": t.num_key_value_heads,
+        "num_hidden_layers": 1, "vocab_size": t.vocab_size, "draft_vocab_size": 64, "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0, "max_position_embeddings": 512, "hidden_act": "silu", "torch_dtype": "float32",
+    }))
+    state = dict(head.state_dict())
+    state["d2t"] = ids - torch.arange(64)
+    state["t2d"] = torch.zeros(128, dtype=torch.bool).index_fill_(0, ids, True)
+    state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().clone()
+    torch.save(state, folder / "pytorch_model.bin")
+    loaded = load_head(folder)
+    assert isinstance(loaded, Eagle3Head) and torch.equal(loaded.draft_ids, ids)
+    model = EaModel(target, loaded, total_token=12, depth=4, top_k=3)
+    assert model._feature_layers == [2, 3, 4]
+    x = prompt(4, 7)
+    assert torch.equal(model.eagenerate(x, max_new_tokens=20), hf_greedy(target, x, 20))
+
+
+def test_mismatched_vocabulary_is_rejected(tmp_path):
+    target = tiny_llama(2)
+    head = random_eagle3_head(target, vocab_ids=subset(128, 40, 2))
+    save_head(tmp_path / "h", head)
+    cfg = json.loads((tmp_path / "h" / "config.json").read_text())
+    cfg["draft_vocab_size"] = 41
+    (tmp_path / "h" / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError):
+        load_head(tmp_path / "h")
+
+
+@pytest.mark.parametrize("steps", [2, 4])
+def test_unrolled_pass_equals_inference_chain(steps):
+    """Pass i at row j = the state a depth-(i+1) draft computes at inference: committed rows read
+    the fused layers (3 wide), draft rows the head's previous state."""
+    head = random_eagle3_head(tiny_llama(0), layers=(0, 1, 2), seed=1)
+    b, s, h = 2, 8, head.config.hidden_size
+    fused, embeds = torch.randn(b, s, 3 * h), torch.randn(b, s, h)
+    pos = torch.arange(s).expand(b, -1)
+    with torch.no_grad():
+        outs = unrolled_forward(head, fused, embeds, pos, steps, detach=False)
+        for i in range(1, steps):
+            for j in range(i, s):
+                c = j - i + 1
+                out, past = head(fused[:, :c], embeds[:, :c], pos[:, :c])
+                cur = out[:, -1:]
+                for r in range(c, j + 1):
+                    cur, past = head(cur, embeds[:, r:r + 1], pos[:, r:r + 1], None, past)
+                torch.testing.assert_close(outs[i][:, j], cur[:, 0], rtol=1e-5, atol=1e-5)
+
+
+def test_loss_is_restricted_to_the_draft_vocabulary():
+    """CE over the draft vocabulary, rows whose target argmax falls outside it excluded from the
+    loss but counted as top-1 misses; it is smallest when the draft copies the target's logits."""
+    torch.manual_seed(0)
+    v, h, n = 12, 6, 10
+    lm_head = torch.randn(v, h)
+    feats = torch.randn(1, n, h)
+    mask = torch.ones(1, n, dtype=torch.bool)
+    ids = torch.arange(6)  # draft vocabulary: target ids 0..5
+    member = torch.zeros(v, dtype=torch.bool)
+    member[ids] = True
+    target = vocab_target(feats, mask, lm_head, ids, member)
+    assert target.probs.shape == (n, 6)
+    torch.testing.assert_close(target.probs.sum(-1), torch.ones(n))
+    inside = target.in_vocab
+    assert torch.equal(inside, (feats[0] @ lm_head.T).argmax(-1) < 6)
+    assert 0 < int(inside.sum()) < n  # this seed has rows of both kinds
+
+    def copy(states):  # the target's own restricted logits
+        return states @ lm_head[ids].T
+
+    best = eagle3_loss(copy, feats, mask, target, draft_ids=ids)
+    worse = eagle3_loss(lambda s: 0.3 * copy(s), feats, mask, target, draft_ids=ids)
+    assert best.loss < worse.loss
+    assert float(best.sums["top1"]) == float(inside.sum())  # right exactly where the argmax is in the vocabulary
+    later = eagle3_loss(copy, feats, mask, target, step=3, draft_ids=ids)
+    assert float(later.sums["n"]) == n - 3
