@@ -128,8 +128,10 @@ def _target_info(cfg, target_dir: Path) -> dict:
 def _load_target(target_dir: Path, dtype: str):
     from transformers import AutoModelForCausalLM
 
+    from eagle.targets import local_device
+
     model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, dtype))
-    return model.eval().requires_grad_(False)
+    return model.to(local_device()).eval().requires_grad_(False)
 
 
 def _run_shards(cfg, job: Job, model, n_shards: int) -> dict:

@@ -34,7 +34,10 @@ def regenerate(cfg, target_dir: Path, tokenizer, conversations: list[Conversatio
     if todo:
         from transformers import AutoModelForCausalLM
 
-        model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, cfg.model.dtype)).eval()
+        from eagle.targets import local_device
+
+        model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, cfg.model.dtype))
+        model = model.to(local_device()).eval()
         generator = ReplyGenerator(model, tokenizer, cfg.data.regen, int(cfg.model.max_len))
         for k in todo:
             torch.manual_seed(int(cfg.seed) + k)
@@ -104,12 +107,13 @@ class ReplyGenerator:
         sample = float(self.regen.temperature) > 0
         start = time.perf_counter()
         gen = self.model.generate(
-            input_ids=ids, attention_mask=attn, max_new_tokens=budget, do_sample=sample,
+            input_ids=ids.to(self.model.device), attention_mask=attn.to(self.model.device), max_new_tokens=budget,
+            do_sample=sample,
             temperature=float(self.regen.temperature) if sample else None,
             top_p=float(self.regen.top_p) if sample else None, top_k=None, pad_token_id=pad,
         )
         self.seconds += time.perf_counter() - start
-        new = gen[:, width:]
+        new = gen[:, width:].cpu()
         texts = []
         for row in new:
             keep = _until_eos(row, self.eos_ids | {pad})

@@ -23,6 +23,16 @@ _PACKAGED = {
 }
 
 
+def local_device():
+    """This process's accelerator: cuda:LOCAL_RANK on a GPU node (torchrun / deepspeed set
+    LOCAL_RANK), else the CPU. Training, data_prep and the τ judge place the target here."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
 def cache_dir() -> Path:
     """Root of converted targets and stores: $EAGLE_CACHE, else ~/.cache/eagle-pipeline."""
     return Path(os.environ.get("EAGLE_CACHE") or Path.home() / ".cache" / "eagle-pipeline").expanduser()

@@ -97,8 +97,9 @@ def encode_prompts(tokenizer, texts: list[str]) -> list[torch.Tensor]:
 def count_tau(model, prompts: list[torch.Tensor], max_new_tokens: int) -> TauCount:
     """Greedy `eagenerate` over prompts [1, S_i] in order; sums `last_stats` of an EaModel."""
     count = TauCount()
+    device = model.target.get_input_embeddings().weight.device
     for ids in prompts:
-        model.eagenerate(ids, temperature=0.0, max_new_tokens=max_new_tokens)
+        model.eagenerate(ids.to(device), temperature=0.0, max_new_tokens=max_new_tokens)
         count.new_tokens += model.last_stats.new_tokens
         count.steps += model.last_stats.steps
     return count
@@ -129,7 +130,8 @@ class Judge:
 
     @classmethod
     def from_target_dir(cls, target_dir: str | Path, texts: list[str], max_new_tokens: int = 64,
-                        dtype: torch.dtype = torch.bfloat16, chat_template: str | None = None) -> Judge:
+                        dtype: torch.dtype = torch.bfloat16, chat_template: str | None = None,
+                        device: torch.device | str = "cpu") -> Judge:
         """Tokenize `texts` with the target's chat template now; load the target on first use."""
         from eagle.targets import load_tokenizer
 
@@ -138,7 +140,8 @@ class Judge:
         except (OSError, ValueError) as e:
             raise ValueError(f"{target_dir}: no usable tokenizer with a chat template, which τ on chat prompts "
                              f"needs (set train.tau_every=0 to turn it off): {str(e).splitlines()[0]}") from e
-        return cls(encode_prompts(tokenizer, texts), lambda: _load_target(target_dir, dtype), max_new_tokens, tokenizer)
+        return cls(encode_prompts(tokenizer, texts), lambda: _load_target(target_dir, dtype, device), max_new_tokens,
+                   tokenizer)
 
     @property
     def target(self) -> nn.Module:
@@ -174,15 +177,15 @@ class Judge:
             log.warning("τ judge: the head has non-finite weights; reporting tau = nan")
             return Acceptance({name: TauCount() for name in self.trees})
         with torch.random.fork_rng(devices=[]):  # DraftHead init and model loading draw from it
-            head = head_from_state(state, config, self.dtype, draft_ids)
+            head = head_from_state(state, config, self.dtype, draft_ids).to(self.target.device)
             return self.measure(head)
 
 
-def _load_target(target_dir: str | Path, dtype: torch.dtype) -> nn.Module:
+def _load_target(target_dir: str | Path, dtype: torch.dtype, device: torch.device | str = "cpu") -> nn.Module:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype, attn_implementation="sdpa")
-    return model.eval().requires_grad_(False)
+    return model.to(device).eval().requires_grad_(False)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:

@@ -34,6 +34,12 @@ class Batch:
     lengths: torch.Tensor  # [B] int64
     aux: torch.Tensor | None = None  # [B, S, K*H] the extra layers (EAGLE-3 stores), zeros on padding
 
+    def to(self, device) -> "Batch":
+        """The tensors on `device` (lengths stay on the CPU: they only count pairs)."""
+        aux = None if self.aux is None else self.aux.to(device, non_blocking=True)
+        return Batch(self.input_ids.to(device), self.loss_mask.to(device), self.hidden.to(device, non_blocking=True),
+                     self.lengths, aux)
+
     @property
     def num_pairs(self) -> int:
         """Real (unpadded) training pairs in the batch."""

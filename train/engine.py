@@ -38,14 +38,18 @@ def extensions_dir() -> str:
 
 
 def init_distributed(timeout_minutes: int = 60) -> tuple[int, int]:
-    """Join (or create) the gloo process group; return (rank, world_size)."""
+    """Join (or create) the process group (NCCL on GPU nodes, else gloo); return (rank, world_size)."""
     extensions_dir()
     if not dist.is_initialized():
         if "RANK" not in os.environ:  # plain `python -m train`: a group of one
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
                               LOCAL_RANK="0", WORLD_SIZE="1")
         os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
-        dist.init_process_group("gloo", timeout=timedelta(minutes=timeout_minutes))
+        backend = "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
+            backend = "nccl"
+        dist.init_process_group(backend, timeout=timedelta(minutes=timeout_minutes))
     return dist.get_rank(), dist.get_world_size()
 
 

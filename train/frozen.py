@@ -28,6 +28,11 @@ class Frozen:
         """[B, S] ids -> [B, S, H]."""
         return torch.nn.functional.embedding(ids, self.embed)
 
+    def to(self, device) -> "Frozen":
+        tied = self.lm_head is self.embed
+        embed = self.embed.to(device)
+        return Frozen(embed, embed if tied else self.lm_head.to(device))
+
 
 def _weight_files(target_dir: Path) -> dict[str, Path]:
     """Map tensor name -> safetensors file of a HF model folder."""

@@ -29,10 +29,10 @@ from train.unroll import unrolled_forward
 def bare_tokens_per_s(trainer, batches: list[list[int]]) -> float:
     """Pairs/s of forward + loss + backward of a plain head (no engine) over pre-collated batches."""
     t = trainer.cfg.train
-    head = build_head(trainer.draft_config).to(trainer.dtype).train()
+    head = build_head(trainer.draft_config).to(trainer.device, trainer.dtype).train()
     collated = [collate([trainer.store[i] for i in b]) for b in batches]
     pairs = sum(b.num_pairs for b in collated)
-    gen = torch.Generator().manual_seed(0)
+    gen = torch.Generator(device=trainer.device).manual_seed(0)
     start = time.perf_counter()
     for batch in collated:
         p = trainer.pairs(batch)

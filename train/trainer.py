@@ -35,6 +35,7 @@ from eagle.checkpoint import Head, build_head, load_head
 from eagle.draft import DraftConfig
 from train.acceptance import Judge, held_back_prompts
 from train.data import Batch, BatchPlan, length_batches, loader, split_indices
+from eagle.targets import local_device
 from train.engine import build_engine, compute_dtype, ds_config, full_state_dict, init_distributed
 from train.export import CardInfo, export_head, model_card
 from train.frozen import Frozen, load_frozen
@@ -73,7 +74,8 @@ class Trainer:
         _check_store(self.store, cfg, self.draft_config)
         self.ds_conf = ds_config(cfg)
         self.dtype = compute_dtype(self.ds_conf)
-        self.frozen: Frozen = load_frozen(self.target_dir, self.dtype)
+        self.device = local_device()  # DeepSpeed places the head on the same accelerator
+        self.frozen: Frozen = load_frozen(self.target_dir, self.dtype).to(self.device)
         self.lengths = self.store.lengths()
         self.train_idx, self.eval_idx = split_indices(self.lengths, t.eval_fraction, cfg.seed)
         self.token_counts = token_counts(self.store, self.train_idx, self.draft_config.vocab_size)  # [V]
@@ -81,6 +83,7 @@ class Trainer:
             vd = self.draft_config.draft_vocab_size
             self.vocab_ids = draft_ids(self.token_counts, vd, seen_only=False) if vd < self.draft_config.vocab_size else None
             self.in_draft = None if self.vocab_ids is None else _membership(self.vocab_ids, self.draft_config.vocab_size)
+            self.loss_vocab = None if self.vocab_ids is None else (self.vocab_ids.to(self.device), self.in_draft.to(self.device))
         else:
             self.vocab_ids = draft_ids(self.token_counts)  # [seen] target ids, most frequent first
         self.loss_lm_head = self._loss_lm_head(t.draft_vocab)  # [Vd, H] rows the EAGLE-1/2 token loss uses
@@ -106,12 +109,13 @@ class Trainer:
             return self.frozen.lm_head
         share = coverage(self.token_counts, [size])[size]
         log.info("draft vocabulary: %d tokens cover %.4f of the training tokens", size, share)
-        return self.frozen.lm_head[self.vocab_ids[:size]].contiguous()
+        return self.frozen.lm_head[self.vocab_ids[:size].to(self.device)].contiguous()
 
     # ---------------------------------------------------------------- steps
 
     def pairs(self, batch: Batch) -> Pairs:
         """The batch's training pairs; an EAGLE-3 head reads the stored extra layers."""
+        batch = batch.to(self.device)
         return make_pairs(batch.input_ids, batch.loss_mask, batch.hidden, batch.aux if self.eagle3 else None)
 
     def losses(self, preds: list[torch.Tensor], p: Pairs, full_vocab: bool = False, head=None) -> list[LossOutput]:
@@ -125,15 +129,16 @@ class Trainer:
             lm_head = self.frozen.lm_head if full_vocab else self.loss_lm_head
             return [eagle_loss(pred, p.target, pass_mask(p.mask, i), lm_head, t.v_w, t.p_w, t.topk)
                     for i, pred in enumerate(preds)]
-        target = vocab_target(p.target, p.mask, self.frozen.lm_head, self.vocab_ids, self.in_draft)
+        ids, member = self.loss_vocab or (None, None)
+        target = vocab_target(p.target, p.mask, self.frozen.lm_head, ids, member)
         head = head or self.engine.module
-        return [eagle3_loss(head.logits, pred, p.mask, target, i, self.vocab_ids, t.topk) for i, pred in enumerate(preds)]
+        return [eagle3_loss(head.logits, pred, p.mask, target, i, ids, t.topk) for i, pred in enumerate(preds)]
 
     def micro_step(self, batch: Batch, micro: int) -> LossOutput:
         """Forward, loss and backward of one micro-batch; the engine steps at accumulation boundaries."""
         t = self.cfg.train
         p = self.pairs(batch)
-        gen = torch.Generator().manual_seed(_noise_seed(self.cfg.seed, micro, self.rank))
+        gen = torch.Generator(device=self.device).manual_seed(_noise_seed(self.cfg.seed, micro, self.rank))
         features = uniform_noise(p.features, t.noise, t.noise_ref_len, gen).to(self.dtype)  # [B, S-1, H or 3H]
         embeds = self.frozen.embed_tokens(p.next_ids)  # [B, S-1, H]
         preds = unrolled_forward(self.engine, features, embeds, p.position_ids, t.ttt_steps, t.ttt_detach)
@@ -245,7 +250,8 @@ class Trainer:
         t, m = self.cfg.train, self.cfg.model
         texts = held_back_prompts(t.tau_prompts, t.tau_num_prompts)
         dtype = getattr(torch, m.get("dtype") or "bfloat16")
-        return Judge.from_target_dir(self.target_dir, texts, t.tau_max_new_tokens, dtype, m.get("chat_template"))
+        return Judge.from_target_dir(self.target_dir, texts, t.tau_max_new_tokens, dtype, m.get("chat_template"),
+                                     self.device)
 
     # ---------------------------------------------------------------- checkpoints
 
