@@ -24,7 +24,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m eagle.chat", description=__doc__.split("\n\n")[0])
-    p.add_argument("--target", default=EMBEDDED_DEFAULT, help="target alias, HF folder or Hub id")
+    p.add_argument("--target", "--base", default=EMBEDDED_DEFAULT, help="target alias, HF folder or Hub id")
     p.add_argument("--head", default=str(SHIPPED_HEAD), help="draft head folder or Hub id")
     p.add_argument("--random-head", action="store_true", help="untrained head (tau about 1; for trying the pipeline)")
     p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16")

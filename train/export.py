@@ -28,6 +28,23 @@ class CardInfo:
     code_version: str = "unknown"
 
 
+def _architecture(info: CardInfo) -> str:
+    if info.config.get("head") == "eagle3":
+        return (f"An EAGLE-3 draft head (fc over three target layers, one decoder layer, its own lm_head over a "
+                f"{info.config.get('draft_vocab')}-token draft vocabulary mapped by `d2t`/`t2d`) for lossless "
+                f"speculative decoding of `{info.target}`. The token embedding is the target's and is not stored here.")
+    return (f"An EAGLE-1/2 draft head (one decoder layer over the target's last hidden state) for lossless\n"
+            f"speculative decoding of `{info.target}`. The token embedding and `lm_head` are the target's\n"
+            f"and are not stored here: `model.safetensors` holds only `fc.*` and `layers.0.*`.")
+
+
+def _loss(info: CardInfo) -> str:
+    if info.config.get("head") == "eagle3":
+        return (f"Σ_i {info.config.get('ttt_decay')}^i · CE over the draft vocabulary, {info.config.get('ttt_steps')} "
+                f"training-time-test steps")
+    return "v_w * SmoothL1(feature) + p_w * CE(token)"
+
+
 def model_card(info: CardInfo, repo_id: str | None = None) -> str:
     """A Hub model card (YAML front matter + Markdown) for an exported head."""
     head_ref = repo_id or "path/to/this/folder"
@@ -45,9 +62,7 @@ base_model: {info.target}
 
 # EAGLE draft head for {info.target_name}
 
-An EAGLE-1/2 draft head (one decoder layer over the target's last hidden state) for lossless
-speculative decoding of `{info.target}`. The token embedding and `lm_head` are the target's
-and are not stored here: `model.safetensors` holds only `fc.*` and `layers.0.*`.
+{_architecture(info)}
 
 ## Use
 
@@ -68,7 +83,7 @@ out = model.eagenerate(input_ids, temperature=0.0, max_new_tokens=256)
 - Target: `{info.target}`
 - Data: `{info.data}` ({info.store_records} records, {info.store_tokens} tokens)
 - Steps: {info.steps} optimizer steps ({info.epochs:.2f} epochs)
-- Loss: v_w * SmoothL1(feature) + p_w * CE(token)
+- Loss: {_loss(info)}
 - Code version: `{info.code_version}`
 
 ## Held-out metrics
