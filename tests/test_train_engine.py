@@ -226,6 +226,9 @@ def test_eagle3_head_trains_exports_and_decodes_losslessly(tiny3, tmp_path):
                    "train.ttt_steps=3", "train.draft_vocab=64")
     trainer = Trainer(cfg)
     assert trainer.eagle3 and trainer.vocab_ids.numel() == 64
+    start = trainer.engine.module  # train.init_lm_head: the target's rows and final norm
+    torch.testing.assert_close(start.lm_head.weight.float(), trainer.frozen.lm_head[trainer.vocab_ids].float())
+    torch.testing.assert_close(start.norm.weight.float(), trainer.frozen.norm.float())
     before = trainer.evaluate()
     result = trainer.fit()
     assert result.eval_metrics["token_loss"] < before["token_loss"]

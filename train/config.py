@@ -25,6 +25,7 @@ class TrainConfig:
     ttt_steps: int = 1  # training-time test: passes of the head over its own predictions (1 = plain EAGLE)
     ttt_decay: float = 0.8  # loss weight of pass i is ttt_decay**i
     ttt_detach: bool = True  # no gradient from a pass into the previous one
+    init_lm_head: bool = False  # EAGLE-3: start lm_head/norm from the target's (rows of the draft vocabulary)
     head: str = "eagle2"  # eagle2 | eagle3 (set by the `head` config group)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay: float = 0.0

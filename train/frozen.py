@@ -23,6 +23,7 @@ class Frozen:
 
     embed: torch.Tensor  # [V, H]
     lm_head: torch.Tensor  # [V, H] (may be the same tensor as embed)
+    norm: torch.Tensor | None = None  # [H] the final norm's weight (None when the folder has no such key)
 
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
         """[B, S] ids -> [B, S, H]."""
@@ -31,7 +32,8 @@ class Frozen:
     def to(self, device) -> "Frozen":
         tied = self.lm_head is self.embed
         embed = self.embed.to(device)
-        return Frozen(embed, embed if tied else self.lm_head.to(device))
+        norm = None if self.norm is None else self.norm.to(device)
+        return Frozen(embed, embed if tied else self.lm_head.to(device), norm)
 
 
 def _weight_files(target_dir: Path) -> dict[str, Path]:
@@ -67,7 +69,10 @@ def load_frozen(target_dir: str | Path, dtype: torch.dtype = torch.float32) -> F
     embed = _read(files[embed_key], embed_key).to(dtype)
     lm_key = next((k for k in files if k.endswith(LM_HEAD_KEY)), None)
     lm_head = embed if tied or lm_key is None else _read(files[lm_key], lm_key).to(dtype)
-    return Frozen(embed=embed.requires_grad_(False), lm_head=lm_head.requires_grad_(False))
+    norm_keys = [k for k in files if k.endswith("norm.weight") and "layers." not in k and "vision" not in k]
+    norm_key = min(norm_keys, key=len) if norm_keys else None  # e.g. model.norm.weight
+    norm = None if norm_key is None else _read(files[norm_key], norm_key).to(dtype)
+    return Frozen(embed=embed.requires_grad_(False), lm_head=lm_head.requires_grad_(False), norm=norm)
 
 
 def _load_via_model(target_dir: Path, dtype: torch.dtype) -> Frozen:
@@ -76,4 +81,6 @@ def _load_via_model(target_dir: Path, dtype: torch.dtype) -> Frozen:
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype)
     embed = model.get_input_embeddings().weight.detach()
     lm_head = model.get_output_embeddings().weight.detach()
-    return Frozen(embed=embed.clone(), lm_head=lm_head.clone())
+    norm = getattr(model.get_decoder(), "norm", None)
+    return Frozen(embed=embed.clone(), lm_head=lm_head.clone(),
+                  norm=None if norm is None else norm.weight.detach().clone())

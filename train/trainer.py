@@ -91,7 +91,7 @@ class Trainer:
         self.steps_per_epoch = max(1, self.plan.per_epoch // t.grad_accum)
         self.total_steps = int(t.max_steps or t.epochs * self.steps_per_epoch)
         torch.manual_seed(cfg.seed)
-        self.engine = build_engine(_initial_head(self.draft_config, t.init_head), cfg, self.total_steps)
+        self.engine = build_engine(self._initial_head(), cfg, self.total_steps)
         self.step = 0  # optimizer steps done
         self.wandb_id: str | None = None
         self.step_times: list[tuple[int, float]] = []  # (pairs on this rank, seconds) per step
@@ -110,6 +110,21 @@ class Trainer:
         share = coverage(self.token_counts, [size])[size]
         log.info("draft vocabulary: %d tokens cover %.4f of the training tokens", size, share)
         return self.frozen.lm_head[self.vocab_ids[:size].to(self.device)].contiguous()
+
+    def _initial_head(self) -> Head:
+        """A fresh head, or one starting from an exported head's weights (fine-tuning; resume wins over
+        both). train.init_lm_head: a fresh EAGLE-3 head's lm_head starts as the target's rows of its draft
+        vocabulary and its final norm as the target's, so its output space is the target's from step 0."""
+        t = self.cfg.train
+        head = _initial_head(self.draft_config, t.init_head)
+        if self.eagle3 and t.init_lm_head and not t.init_head:
+            rows = self.frozen.lm_head if self.vocab_ids is None else self.frozen.lm_head[self.vocab_ids.to(self.device)]
+            with torch.no_grad():
+                head.lm_head.weight.copy_(rows.float())
+                if self.frozen.norm is not None:
+                    head.norm.weight.copy_(self.frozen.norm.float())
+            log.info("EAGLE-3 lm_head and norm start from the target's")
+        return head
 
     # ---------------------------------------------------------------- steps
 
@@ -478,7 +493,7 @@ def code_version() -> str:
 
 
 def _initial_head(config: DraftConfig, init_head: str | None) -> Head:
-    """A fresh head, or one starting from an exported head's weights (fine-tuning; resume wins over it)."""
+    """A fresh head, or one starting from an exported head's weights (fine-tuning)."""
     head = build_head(config)
     if init_head:
         start = load_head(init_head, dtype=torch.float32)
