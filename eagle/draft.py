@@ -199,18 +199,20 @@ class DraftAttention(nn.Module):
 
 
 class DraftLayer(nn.Module):
-    """A Llama decoder layer without the input norm (its input is already a normed feature)."""
+    """A Llama decoder layer without the input norm (its input is already a normed feature).
 
-    def __init__(self, cfg: DraftConfig):
+    `residual` is what attention and MLP add to; by default the attention input itself (EAGLE-3
+    attends over a wider input than its residual stream, eagle/draft3.py)."""
+
+    def __init__(self, cfg: DraftConfig, in_features: int | None = None):
         super().__init__()
-        llama = cfg.llama_config()
-        self.self_attn = DraftAttention(cfg)
+        self.self_attn = DraftAttention(cfg, in_features)
         self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(llama)
+        self.mlp = LlamaMLP(cfg.llama_config())
 
-    def forward(self, x, cos_sin, mask, past):
+    def forward(self, x, cos_sin, mask, past, residual=None):  # [B, S, in] -> [B, S, H]
         attn, kv = self.self_attn(x, cos_sin, mask, past)
-        x = x + attn
+        x = (x if residual is None else residual) + attn
         return x + self.mlp(self.post_attention_layernorm(x)), kv
 
 

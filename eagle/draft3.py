@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from eagle.draft import DraftAttention, DraftConfig, DraftRope, KVCache
+from eagle.draft import DraftConfig, DraftLayer, DraftRope, KVCache
 
 
 def default_layers(num_layers: int) -> list[int]:
@@ -29,23 +29,18 @@ def default_layers(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
-class Eagle3Layer(nn.Module):
-    """One Llama decoder layer whose attention reads [norm(embedding) | norm(feature)]."""
+class Eagle3Layer(DraftLayer):
+    """The draft decoder layer with attention over [norm(embedding) | norm(feature)] (2H wide),
+    adding to the un-normed feature."""
 
     def __init__(self, cfg: DraftConfig):
-        super().__init__()
-        h = cfg.hidden_size
-        self.hidden_norm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
-        self.input_layernorm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
-        self.self_attn = DraftAttention(cfg, in_features=2 * h)
-        self.post_attention_layernorm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
-        self.mlp = LlamaMLP(cfg.llama_config())
+        super().__init__(cfg, in_features=2 * cfg.hidden_size)
+        self.hidden_norm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
     def forward(self, hidden, embeds, cos_sin, mask, past):  # [B, S, H] x2 -> [B, S, H]
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, S, 2H]
-        attn, kv = self.self_attn(x, cos_sin, mask, past)
-        hidden = hidden + attn
-        return hidden + self.mlp(self.post_attention_layernorm(hidden)), kv
+        return super().forward(x, cos_sin, mask, past, residual=hidden)
 
 
 class Eagle3Head(nn.Module):
