@@ -15,15 +15,28 @@ def test_mask_pattern():
     assert allowed[0].nonzero().flatten().tolist() == [8]  # row 0 sees only itself (no committed rows)
 
 
-@pytest.mark.parametrize("steps", [2, 3])
-def test_unrolled_pass_equals_inference_chain(steps):
+def head_and_inputs(kind: str):
+    """(head, width of its committed-row inputs): EAGLE-1/2 reads H-wide features, EAGLE-3 the
+    three fused layers (3H wide) on committed rows and its own H-wide states on draft rows."""
     torch.manual_seed(0)
-    head = DraftHead(DraftConfig.from_target_config(tiny_llama(0).config)).eval()
+    if kind == "eagle2":
+        head = DraftHead(DraftConfig.from_target_config(tiny_llama(0).config)).eval()
+        return head, head.config.hidden_size
+    from test_eagle3 import random_eagle3_head
+
+    head = random_eagle3_head(tiny_llama(0), layers=(0, 1, 2), seed=1)
+    return head, 3 * head.config.hidden_size
+
+
+@pytest.mark.parametrize("kind", ["eagle2", "eagle3"])
+@pytest.mark.parametrize("steps", [2, 3])
+def test_unrolled_pass_equals_inference_chain(steps, kind):
+    head, width = head_and_inputs(kind)
     b, s, h = 2, 9, head.config.hidden_size
-    feats, embeds = torch.randn(b, s, h), torch.randn(b, s, h)
+    feats, embeds = torch.randn(b, s, width), torch.randn(b, s, h)
     pos = torch.arange(s).expand(b, -1)
     with torch.no_grad():
-        outs = unrolled_forward(head, feats, embeds, pos, steps)
+        outs = unrolled_forward(head, feats, embeds, pos, steps, detach=kind == "eagle2")
         for i in range(1, steps):
             for j in range(i, s):
                 c = j - i + 1  # committed rows 0 .. j-i (true features)
