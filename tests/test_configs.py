@@ -39,3 +39,12 @@ def test_experiment_presets_compose_and_validate(experiment):
     OmegaConf.resolve(cfg)
     assert experiment.split("_", 1)[1] in cfg.output_dir  # each preset writes its own run folder
     assert cfg.train.draft_vocab and cfg.train.tau_every > 0
+
+
+def test_unknown_model_preset_is_one_line():
+    from data_prep.presets import unknown_model
+
+    assert unknown_model(["+model=smollm2_135m", "train.lr=1e-4"]) is None
+    message = unknown_model(["+model=vicuna7", "data.limit=3"])
+    assert "\n" not in message and "'vicuna7'" in message and "vicuna7b" in message
+    assert unknown_model(["train.lr=1"]) is None

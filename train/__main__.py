@@ -30,4 +30,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from data_prep.presets import unknown_model
+
+    if message := unknown_model(sys.argv[1:]):
+        sys.exit(message)
     main()
