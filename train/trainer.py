@@ -33,9 +33,9 @@ from tqdm import tqdm
 from data_prep.store import FeatureStore
 from eagle.checkpoint import Head, build_head, load_head
 from eagle.draft import DraftConfig
+from eagle.targets import local_device
 from train.acceptance import Judge, held_back_prompts
 from train.data import Batch, BatchPlan, length_batches, loader, split_indices
-from eagle.targets import local_device
 from train.engine import build_engine, compute_dtype, ds_config, full_state_dict, init_distributed
 from train.export import CardInfo, export_head, model_card
 from train.frozen import Frozen, load_frozen
