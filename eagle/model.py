@@ -375,8 +375,7 @@ class EaModel(nn.Module):
     @property
     def draft_vocab_size(self) -> int:
         """How many tokens the draft scores (Vd)."""
-        return self._draft_lm_head[-1].out_features if isinstance(self._draft_lm_head, nn.Sequential) \
-            else self._draft_lm_head.out_features
+        return self._draft_lm_head[-1].out_features
 
     def _draft_logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft log-probs over the draft vocabulary [m, Vd] (fp32, on the CPU) from head outputs [m, H]."""
@@ -491,10 +490,10 @@ def _feature_layers(head: Head, target: nn.Module) -> list[int] | None:
     return layers
 
 
-def _draft_vocabulary(head: Head, lm_head: nn.Linear, size: int | None) -> tuple[torch.Tensor | None, nn.Module]:
+def _draft_vocabulary(head: Head, lm_head: nn.Linear, size: int | None) -> tuple[torch.Tensor | None, nn.Sequential]:
     """(target ids of the draft vocabulary [Vd] or None = all, the module scoring head outputs over it).
 
-    EAGLE-1/2: rows of the target's lm_head. EAGLE-3: the head's own norm and lm_head. With
+    EAGLE-1/2: (rows of) the target's lm_head. EAGLE-3: the head's own norm and lm_head. With
     `size`, only the first `size` ids (the most frequent, for heads this project trains)."""
     ids = head.draft_ids
     if size is not None:
@@ -505,9 +504,9 @@ def _draft_vocabulary(head: Head, lm_head: nn.Linear, size: int | None) -> tuple
         rows = head.lm_head if size is None else _rows(head.lm_head, torch.arange(ids.numel()))
         return None if ids is None else ids.to("cpu", torch.long), nn.Sequential(head.norm, rows)
     if ids is None:
-        return None, lm_head
+        return None, nn.Sequential(lm_head)
     ids = ids.to("cpu", torch.long)
-    return ids, _rows(lm_head, ids)
+    return ids, nn.Sequential(_rows(lm_head, ids))
 
 
 def _rows(linear: nn.Linear, ids: torch.Tensor) -> nn.Linear:

@@ -80,9 +80,7 @@ def eagle_loss(
     pred_m = pred[mask]  # [N, H]
     n = pred_m.shape[0]
     if n == 0:
-        zero = pred.sum() * 0.0
-        sums = {k: torch.zeros((), dtype=torch.float64) for k in ("n", "feature", "token", "top1", "topk")}
-        return LossOutput(zero, zero.detach(), zero.detach(), sums)
+        return _no_pairs(pred)
     target_m = target[mask].to(pred_m.dtype)  # [N, H]
     feature_loss = F.smooth_l1_loss(pred_m.float(), target_m.float())  # mean over N*H
     weight = lm_head.to(pred_m.dtype)
@@ -107,6 +105,22 @@ def eagle_loss(
     return LossOutput(loss, feature_loss.detach(), token_loss.detach(), sums)
 
 
+def pass_mask(mask: torch.Tensor, step: int) -> torch.Tensor:
+    """The loss rows of unrolled pass `step`: `mask` [B, S] without the first `step` columns
+    (their draft chain would start before position 0, see train/unroll.py)."""
+    if step == 0:
+        return mask
+    keep = torch.arange(mask.shape[1], device=mask.device) >= step
+    return mask & keep
+
+
+def _no_pairs(pred: torch.Tensor) -> LossOutput:
+    """The loss of a batch without masked pairs: 0, still differentiable, zero sums."""
+    zero = pred.sum() * 0.0
+    sums = {k: torch.zeros((), dtype=torch.float64) for k in ("n", "feature", "token", "top1", "topk")}
+    return LossOutput(zero, zero.detach(), zero.detach(), sums)
+
+
 @dataclass
 class VocabTarget:
     """The target's next-token distribution at the masked pairs, restricted to a draft vocabulary."""
@@ -114,7 +128,6 @@ class VocabTarget:
     probs: torch.Tensor  # [N, Vd] softmax of the target logits over the draft vocabulary only
     top: torch.Tensor  # [N] the target's argmax over the whole vocabulary (target ids)
     in_vocab: torch.Tensor  # [N] bool: that argmax is in the draft vocabulary (else the row has no loss)
-    column: torch.Tensor  # [N] position of each pair in its sequence (passes > 0 skip the first ones)
 
 
 @torch.no_grad()
@@ -126,8 +139,7 @@ def vocab_target(target: torch.Tensor, mask: torch.Tensor, lm_head: torch.Tensor
     top = logits.argmax(-1)
     in_vocab = torch.ones_like(top, dtype=torch.bool) if in_draft is None else in_draft[top]
     restricted = logits if draft_ids is None else logits[:, draft_ids]  # [N, Vd]
-    column = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)[mask]
-    return VocabTarget(torch.softmax(restricted.float(), dim=-1), top, in_vocab, column)
+    return VocabTarget(torch.softmax(restricted.float(), dim=-1), top, in_vocab)
 
 
 def eagle3_loss(logits_of, pred: torch.Tensor, mask: torch.Tensor, target: VocabTarget, step: int = 0,
@@ -137,13 +149,11 @@ def eagle3_loss(logits_of, pred: torch.Tensor, mask: torch.Tensor, target: Vocab
     logits_of: head states [N, H] -> draft-vocabulary logits [N, Vd] (the head's norm + lm_head).
     CE against `target.probs` over rows whose target argmax is in the draft vocabulary; top-1
     counts every row (a target token outside the vocabulary is a miss)."""
-    keep = target.column >= step  # rows with a whole draft chain behind them
+    keep = pass_mask(mask, step)[mask]  # [N] rows with a whole draft chain behind them
     states = pred[mask][keep]  # [n, H]
     n = states.shape[0]
     if n == 0:
-        zero = pred.sum() * 0.0
-        sums = {k: torch.zeros((), dtype=torch.float64) for k in ("n", "feature", "token", "top1", "topk")}
-        return LossOutput(zero, zero.detach(), zero.detach(), sums)
+        return _no_pairs(pred)
     logp = torch.log_softmax(logits_of(states).float(), dim=-1)  # [n, Vd]
     probs, top, in_vocab = target.probs[keep], target.top[keep], target.in_vocab[keep]
     ce = -(probs * logp).sum(-1)  # [n]

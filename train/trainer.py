@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from data_prep.store import FeatureStore
-from eagle.checkpoint import Head, build_head, load_head
+from eagle.checkpoint import Head, build_head, load_head, vocab_tensors
 from eagle.draft import DraftConfig
 from eagle.targets import local_device
 from train.acceptance import Judge, held_back_prompts
@@ -39,8 +39,9 @@ from train.data import Batch, BatchPlan, length_batches, loader, split_indices
 from train.engine import build_engine, compute_dtype, ds_config, full_state_dict, init_distributed
 from train.export import CardInfo, export_head, model_card
 from train.frozen import Frozen, load_frozen
-from train.loss import LossOutput, Pairs, eagle3_loss, eagle_loss, make_pairs, summarize, uniform_noise, vocab_target
-from train.unroll import pass_mask, unrolled_forward
+from train.loss import (LossOutput, Pairs, eagle3_loss, eagle_loss, make_pairs, pass_mask, summarize, uniform_noise,
+                        vocab_target)
+from train.unroll import unrolled_forward
 from train.vocab import coverage, draft_ids, token_counts
 
 log = logging.getLogger("train")
@@ -82,8 +83,10 @@ class Trainer:
         if self.eagle3:  # exactly the lm_head's rows, or None for the whole vocabulary
             vd = self.draft_config.draft_vocab_size
             self.vocab_ids = draft_ids(self.token_counts, vd, seen_only=False) if vd < self.draft_config.vocab_size else None
-            self.in_draft = None if self.vocab_ids is None else _membership(self.vocab_ids, self.draft_config.vocab_size)
-            self.loss_vocab = None if self.vocab_ids is None else (self.vocab_ids.to(self.device), self.in_draft.to(self.device))
+            # (draft ids [Vd], membership [V] bool) on the device, for the EAGLE-3 token loss
+            self.loss_vocab = None if self.vocab_ids is None else (
+                self.vocab_ids.to(self.device),
+                vocab_tensors(self.vocab_ids, self.draft_config.vocab_size)["t2d"].to(self.device))
         else:
             self.vocab_ids = draft_ids(self.token_counts)  # [seen] target ids, most frequent first
         self.loss_lm_head = self._loss_lm_head(t.draft_vocab)  # [Vd, H] rows the EAGLE-1/2 token loss uses
@@ -118,9 +121,8 @@ class Trainer:
         t = self.cfg.train
         head = _initial_head(self.draft_config, t.init_head)
         if self.eagle3 and t.init_lm_head and not t.init_head:
-            rows = self.frozen.lm_head if self.vocab_ids is None else self.frozen.lm_head[self.vocab_ids.to(self.device)]
-            with torch.no_grad():
-                head.lm_head.weight.copy_(rows.float())
+            with torch.no_grad():  # loss_lm_head: the target's rows of exactly these draft ids
+                head.lm_head.weight.copy_(self.loss_lm_head.float())
                 if self.frozen.norm is not None:
                     head.norm.weight.copy_(self.frozen.norm.float())
             log.info("EAGLE-3 lm_head and norm start from the target's")
@@ -426,12 +428,6 @@ def _check_store(store: FeatureStore, cfg: DictConfig, draft: DraftConfig) -> No
         raise ValueError(f"{cfg.store_dir}: the store holds layers {stored}, the EAGLE-3 head fuses "
                          f"{draft.feature_layers}: prepare a store with head=eagle3 (or matching model.feature_layers)")
 
-
-def _membership(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[V] bool: which target ids are in `ids`."""
-    member = torch.zeros(vocab_size, dtype=torch.bool)
-    member[ids] = True
-    return member
 
 
 def _noise_seed(seed: int, micro: int, rank: int) -> int:

@@ -37,18 +37,10 @@ def shift_predictions(pred: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
     """Next pass's input features: row j gets pred[j-1]; row 0 keeps `first`. [B, S, H]
 
     Rows j < pass have no draft chain behind them (it would start before position 0): the
-    loss skips them (`pass_mask`), and no row j >= pass attends to them, so `first` only
+    loss skips them (`train.loss.pass_mask`), and no row j >= pass attends to them, so `first` only
     has to have the right width: the true feature (EAGLE-1/2) or, for an EAGLE-3 head whose
     inputs are 3H wide, its own output."""
     return torch.cat([first[:, :1], pred[:, :-1]], dim=1)
-
-
-def pass_mask(mask: torch.Tensor, step: int) -> torch.Tensor:
-    """The loss rows of pass `step`: `mask` [B, S] without the first `step` columns."""
-    if step == 0:
-        return mask
-    keep = torch.arange(mask.shape[1], device=mask.device) >= step
-    return mask & keep
 
 
 def unrolled_forward(head, features: torch.Tensor, embeds: torch.Tensor, position_ids: torch.Tensor,
