@@ -1,4 +1,4 @@
-"""`python -m data_prep +model=NAME data=NAME data.limit=N output_dir=DIR` (Hydra)."""
+"""`python -m data_prep +model=NAME data=NAME data.limit=N [store_dir=DIR]` (Hydra)."""
 
 import logging
 import sys

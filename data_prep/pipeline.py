@@ -53,15 +53,15 @@ class Job:
 
 
 def prepare(cfg) -> Path:
-    """Build (or finish) the feature store at `cfg.output_dir`; return its path."""
-    out = Path(cfg.output_dir).expanduser()
+    """Build (or finish) the feature store at `cfg.store_dir`; return its path."""
+    out = Path(cfg.store_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     manifest = read_manifest(out)
     key = config_key(cfg)
     if manifest is not None and manifest.get("config_key") != key:
         raise ValueError(
             f"{out / 'manifest.json'}: this directory holds a store built with other settings "
-            f"(target/data/max_len/template); choose another output_dir or delete it"
+            f"(target/data/max_len/template); choose another store_dir or delete it"
         )
     if manifest is not None and manifest.get("complete"):
         log.info("store %s is complete (%d records); nothing to do", out, manifest["records"])

@@ -54,7 +54,7 @@ def main(cfg: DictConfig) -> None:
     rows = []
     for r in range(repeats):
         with tempfile.TemporaryDirectory() as tmp:
-            run = OmegaConf.merge(cfg, {"output_dir": tmp})
+            run = OmegaConf.merge(cfg, {"store_dir": tmp})
             pipeline.prepare(run)
             prep = read_manifest(tmp)["throughput"]["tokens_per_s"]
         bare = bare_forward_tokens_per_s(cfg)

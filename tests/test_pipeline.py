@@ -31,7 +31,7 @@ def chats(tmp_path_factory):
 
 def config(tiny_dir, chats, out, **extra):
     overrides = ["+model=smollm2_135m", f"model.path={tiny_dir}", "model.dtype=float32", f"data.source={chats}",
-                 "data.shard_records=4", "data.batch_tokens=256", f"output_dir={out}"]
+                 "data.shard_records=4", "data.batch_tokens=256", f"store_dir={out}"]
     overrides += [f"{k}={v}" for k, v in extra.items()]
     with initialize_config_dir(config_dir=CONF, version_base=None):
         return compose(config_name="data_prep", overrides=overrides)
@@ -131,7 +131,7 @@ def test_two_ranks_split_shards_and_merge(tiny_dir, chats, tmp_path):
     env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
            "-m", "data_prep", "+model=smollm2_135m", f"model.path={tiny_dir}", "model.dtype=float32",
-           f"data.source={chats}", "data.shard_records=4", "data.batch_tokens=256", f"output_dir={tmp_path / 'two'}"]
+           f"data.source={chats}", "data.shard_records=4", "data.batch_tokens=256", f"store_dir={tmp_path / 'two'}"]
     subprocess.run(cmd, check=True, env=env, cwd=tmp_path, timeout=300, capture_output=True)
     two = read_manifest(tmp_path / "two")
     assert two["complete"] and two["source"]["kept"] == read_manifest(single)["source"]["kept"]

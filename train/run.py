@@ -6,7 +6,7 @@ import logging
 import sys
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from data_prep.store import is_complete
 from train.config import validate
@@ -25,7 +25,7 @@ def ensure_store(cfg: DictConfig) -> Path:
     from data_prep.pipeline import prepare  # lazy: data_prep is only needed to build stores
 
     log.info("feature store %s is missing or incomplete: running data_prep", store_dir)
-    prepare(OmegaConf.merge(cfg, {"output_dir": str(store_dir)}))
+    prepare(cfg)
     if not is_complete(store_dir):
         raise RuntimeError(f"data_prep finished but {store_dir} is still incomplete")
     return store_dir
