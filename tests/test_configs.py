@@ -21,17 +21,6 @@ def test_data_prep_config_composes(model, data):
     assert cfg.model.max_len > 0 and cfg.model.feature_layers
 
 
-@pytest.mark.parametrize("experiment", sorted(p.stem for p in (CONF / "experiment").glob("*.yaml")))
-def test_data_prep_with_an_experiment_writes_the_shared_store(experiment):
-    """An experiment's output_dir is its training run's folder; data_prep still writes to store_dir,
-    the path `python -m train` with the same overrides reads."""
-    over = ["+model=smollm2_135m", f"+experiment={experiment}"]
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        prep = compose(config_name="data_prep", overrides=over)
-        train = compose(config_name="config", overrides=over)
-    assert prep.store_dir == train.store_dir and "/stores/" in prep.store_dir
-
-
 def test_model_is_not_a_default():
     defaults = OmegaConf.load(CONF / "config.yaml").defaults
     assert not any("model" in (d if isinstance(d, str) else list(d)[0]) for d in defaults)

@@ -81,6 +81,14 @@ def test_interrupted_run_resumes_and_matches(tiny_dir, chats, tmp_path, monkeypa
     assert [s["sha256"] for s in resumed["shards"]] == [s["sha256"] for s in read_manifest(whole)["shards"]]
 
 
+def test_store_goes_to_store_dir_not_the_run_folder(tiny_dir, chats, tmp_path):
+    """Experiments set output_dir (their training run's folder); the store must still land in
+    store_dir, where `python -m train` with the same overrides looks for it."""
+    cfg = config(tiny_dir, chats, tmp_path / "store", **{"output_dir": tmp_path / "run", "data.limit": 3})
+    assert pipeline.prepare(cfg) == tmp_path / "store"
+    assert read_manifest(tmp_path / "store")["complete"] and not (tmp_path / "run").exists()
+
+
 def test_other_settings_in_same_dir_are_refused(tiny_dir, chats, tmp_path):
     pipeline.prepare(config(tiny_dir, chats, tmp_path / "s", **{"data.limit": 4}))
     with pytest.raises(ValueError, match="other settings"):
