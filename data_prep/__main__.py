@@ -11,7 +11,7 @@ from data_prep.pipeline import prepare
 from data_prep.store import OutOfSpace
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="data_prep")
+@hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     if "path" not in cfg.get("model", {}):  # the head group alone only sets model.feature_layers

@@ -17,9 +17,10 @@ def model_presets(conf: Path = CONF) -> list[str]:
 
 def unknown_model(argv: list[str], conf: Path = CONF) -> str | None:
     """The error line for a `+model=NAME` (or `model=NAME`) naming no preset, else None."""
+    presets = model_presets(conf)
     for arg in argv:
         key, _, name = arg.lstrip("+").partition("=")
-        if key == "model" and name and name not in model_presets(conf):
+        if key == "model" and name and name not in presets:
             return (f"error: no model preset '{name}' (conf/model/{name}.yaml); choose one of "
-                    f"{', '.join(model_presets(conf))}, or add a file there for your target")
+                    f"{', '.join(presets)}, or add a file there for your target")
     return None

@@ -48,7 +48,7 @@ def bare_forward_tokens_per_s(cfg: DictConfig) -> float:
     return tokens / (time.perf_counter() - start)
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="data_prep")
+@hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     repeats = int(cfg.get("repeats", 3))
     rows = []

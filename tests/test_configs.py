@@ -6,8 +6,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from data_prep.presets import model_presets
+
 CONF = Path(__file__).resolve().parents[1] / "conf"
-MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
+MODELS = model_presets(CONF)
 DATAS = sorted(p.stem for p in (CONF / "data").glob("*.yaml"))
 
 
@@ -15,7 +17,7 @@ DATAS = sorted(p.stem for p in (CONF / "data").glob("*.yaml"))
 @pytest.mark.parametrize("data", DATAS)
 def test_data_prep_config_composes(model, data):
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        cfg = compose(config_name="data_prep", overrides=[f"+model={model}", f"data={data}", "data.source=x.jsonl"])
+        cfg = compose(config_name="config", overrides=[f"+model={model}", f"data={data}", "data.source=x.jsonl"])
     OmegaConf.resolve(cfg)
     assert cfg.model.name in cfg.store_dir
     assert cfg.model.max_len > 0 and cfg.model.feature_layers

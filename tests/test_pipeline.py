@@ -34,7 +34,7 @@ def config(tiny_dir, chats, out, **extra):
                  "data.shard_records=4", "data.batch_tokens=256", f"store_dir={out}"]
     overrides += [f"{k}={v}" for k, v in extra.items()]
     with initialize_config_dir(config_dir=CONF, version_base=None):
-        return compose(config_name="data_prep", overrides=overrides)
+        return compose(config_name="config", overrides=overrides)
 
 
 def test_store_counts_mask_and_features(tiny_dir, chats, tmp_path):

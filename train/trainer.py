@@ -429,7 +429,6 @@ def _check_store(store: FeatureStore, cfg: DictConfig, draft: DraftConfig) -> No
                          f"{draft.feature_layers}: prepare a store with head=eagle3 (or matching model.feature_layers)")
 
 
-
 def _noise_seed(seed: int, micro: int, rank: int) -> int:
     return (seed * 1_000_003 + micro) * 257 + rank
 
