@@ -197,6 +197,27 @@ def test_reduced_draft_vocabulary_and_init_head(tiny, tmp_path):
         assert torch.equal(start[key].to(value.dtype), value), key
 
 
+def test_head_mlp_widens_init_head_without_changing_what_it_computes(tiny, tmp_path):
+    """train.head_mlp larger than init_head's MLP: the run starts from exactly init_head's
+    function (same held-out losses), and the extra units then learn."""
+    start = Trainer(make_cfg(tiny, tmp_path / "a", "train.max_steps=4")).fit().head_dir
+    units = load_head(start).config.intermediate_size
+    same = Trainer(make_cfg(tiny, tmp_path / "b", "train.max_steps=1", f"train.init_head={start}"))
+    wide = Trainer(make_cfg(tiny, tmp_path / "c", "train.max_steps=6", f"train.init_head={start}",
+                            f"train.head_mlp={3 * units}"))
+    down = wide.engine.module.state_dict()["layers.0.mlp.down_proj.weight"]
+    assert down.shape[1] == 3 * units and not down[:, units:].any()
+    expected, got = same.evaluate(), wide.evaluate()
+    for key in ("feature_loss", "token_loss", "top1"):
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
+
+    head = load_head(wide.fit().head_dir)
+    assert head.config.intermediate_size == 3 * units
+    assert head.state_dict()["layers.0.mlp.down_proj.weight"][:, units:].abs().sum() > 0
+    with pytest.raises(ValueError, match="only be widened"):
+        Trainer(make_cfg(tiny, tmp_path / "d", f"train.init_head={start}", f"train.head_mlp={units // 2}"))
+
+
 def test_training_time_test_trains(tiny, tmp_path):
     """train.ttt_steps=3 runs through DeepSpeed and lowers the loss; metrics stay the plain pass's."""
     trainer = Trainer(make_cfg(tiny, tmp_path, "train.max_steps=20", "train.ttt_steps=3", "train.draft_vocab=64"))

@@ -407,6 +407,8 @@ def _draft_config(target_dir: Path, cfg: DictConfig) -> DraftConfig:
     if kind not in ("eagle2", "eagle3"):
         raise ValueError(f"train.head={kind!r}: choose the head with head=eagle2 or head=eagle3")
     draft = DraftConfig.from_target_config(target_cfg, target=str(cfg.model.path), feature_layers=[-1])
+    if cfg.train.get("head_mlp"):
+        draft.intermediate_size = int(cfg.train.head_mlp)
     if kind == "eagle3":
         fused = [int(i) for i in cfg.model.feature_layers if int(i) != -1]
         if len(fused) < 2 or -1 not in list(cfg.model.feature_layers):
@@ -498,6 +500,31 @@ def _initial_head(config: DraftConfig, init_head: str | None) -> Head:
         if start.config.hidden_size != config.hidden_size or start.config.vocab_size != config.vocab_size:
             raise ValueError(f"train.init_head={init_head}: head for hidden {start.config.hidden_size} / vocab "
                              f"{start.config.vocab_size}, target has {config.hidden_size} / {config.vocab_size}")
-        head.load_state_dict(start.state_dict())
-        log.info("initialised the head from %s", init_head)
+        if start.config.intermediate_size > config.intermediate_size:
+            raise ValueError(f"train.init_head={init_head}: its MLP has {start.config.intermediate_size} units, "
+                             f"more than train.head_mlp={config.intermediate_size}; a head can only be widened")
+        head.load_state_dict(widen_mlp(start.state_dict(), head.state_dict()))
+        log.info("initialised the head from %s (MLP %d -> %d units)", init_head,
+                 start.config.intermediate_size, config.intermediate_size)
     return head
+
+
+def widen_mlp(start: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`start`'s weights in `fresh`'s shapes, for a head whose MLP has more units (Net2Net-style).
+
+    The first units are `start`'s; the extra ones keep `fresh`'s random gate/up rows and get
+    zero down_proj columns, so the widened head computes exactly what `start` computed and
+    the extra units learn from the first step (their down_proj gradient is not zero).
+    """
+    out = dict(start)
+    for key, new in fresh.items():
+        old = start[key]
+        if old.shape == new.shape:
+            continue
+        if key.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight")):  # [units, H]
+            out[key] = torch.cat([old, new[old.shape[0]:].to(old.dtype)])
+        elif key.endswith("mlp.down_proj.weight"):  # [H, units]
+            out[key] = torch.cat([old, old.new_zeros(old.shape[0], new.shape[1] - old.shape[1])], dim=1)
+        else:
+            raise ValueError(f"{key}: shape {tuple(old.shape)} in init_head, {tuple(new.shape)} in this run's head")
+    return out
