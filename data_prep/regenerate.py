@@ -17,9 +17,11 @@ from pathlib import Path
 
 import torch
 from tqdm import tqdm
+from transformers import DynamicCache
 
 from data_prep.conversations import Conversation
 from eagle.targets import eos_token_ids
+from eagle.verify import SamplingParams, sample
 
 log = logging.getLogger("data_prep")
 
@@ -96,6 +98,9 @@ class ReplyGenerator:
 
     @torch.inference_mode()
     def _generate(self, prompts: list[list[int]]) -> list[str]:
+        """One reply per prompt, decoded as a left-padded batch. A row leaves the batch (and its
+        KV cache) as soon as it ends, so each step only runs the rows still writing: about half
+        the replies end well before max_new_tokens, and a static batch would keep computing them."""
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         width = max(len(p) for p in prompts)
         ids = torch.full((len(prompts), width), pad, dtype=torch.long)
@@ -103,30 +108,34 @@ class ReplyGenerator:
         for row, p in enumerate(prompts):  # left padding
             ids[row, width - len(p):] = torch.tensor(p)
             attn[row, width - len(p):] = 1
-        budget = min(int(self.regen.max_new_tokens), self.max_len - width)
-        sample = float(self.regen.temperature) > 0
+        device = self.model.device
+        ids, attn = ids.to(device), attn.to(device)  # [B, W]
+        positions = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, W]; pads are masked, their position is moot
+        params = SamplingParams(float(self.regen.temperature), float(self.regen.top_p))
+        cache = DynamicCache(config=self.model.config)
+        rows = list(range(len(prompts)))  # prompt index of each live batch row
+        replies: list[list[int]] = [[] for _ in prompts]
         start = time.perf_counter()
-        gen = self.model.generate(
-            input_ids=ids.to(self.model.device), attention_mask=attn.to(self.model.device), max_new_tokens=budget,
-            do_sample=sample,
-            temperature=float(self.regen.temperature) if sample else None,
-            top_p=float(self.regen.top_p) if sample else None, top_k=None, pad_token_id=pad,
-        )
+        for _ in range(min(int(self.regen.max_new_tokens), self.max_len - width)):
+            logits = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, past_key_values=cache,
+                                use_cache=True, logits_to_keep=1).logits[:, -1]  # [b, V]
+            tokens = sample(logits, params).tolist()  # [b]
+            live = [j for j, t in enumerate(tokens) if t not in self.eos_ids]
+            for j in live:
+                replies[rows[j]].append(tokens[j])
+            if not live:
+                break
+            if len(live) < len(rows):
+                keep = torch.tensor(live, device=device)
+                for layer in cache.layers:
+                    layer.batch_select_indices(keep)
+                rows, attn, positions = [rows[j] for j in live], attn[keep], positions[keep]
+            ids = torch.tensor([tokens[j] for j in live], device=device)[:, None]  # [b, 1]
+            attn = torch.cat([attn, attn.new_ones(len(rows), 1)], dim=1)
+            positions = positions[:, -1:] + 1
         self.seconds += time.perf_counter() - start
-        new = gen[:, width:].cpu()
-        texts = []
-        for row in new:
-            keep = _until_eos(row, self.eos_ids | {pad})
-            self.tokens += len(keep)
-            texts.append(self.tokenizer.decode(keep, skip_special_tokens=True).strip())
-        return texts
-
-
-def _until_eos(row: torch.Tensor, eos: set[int]) -> torch.Tensor:
-    for j, t in enumerate(row.tolist()):
-        if t in eos:
-            return row[:j]
-    return row
+        self.tokens += sum(len(r) for r in replies)
+        return [self.tokenizer.decode(r, skip_special_tokens=True).strip() for r in replies]
 
 
 def _chunk_path(out: Path, k: int) -> Path:

@@ -120,6 +120,33 @@ def test_regenerated_replies_are_the_targets_own(tiny_dir, chats, tmp_path):
     assert FeatureStore(out).manifest["source"]["regenerated"] is True
 
 
+def test_batched_replies_match_one_by_one_greedy_as_rows_end(tiny_dir):
+    """The batched generator drops a row from the batch and its cache when it ends; the rows left
+    keep decoding exactly as they would alone (fp32, greedy), whatever their prompt lengths."""
+    from omegaconf import OmegaConf
+
+    from data_prep.regenerate import ReplyGenerator
+
+    tok = load_tokenizer(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    prompts = [tok(text)["input_ids"] for text in ("a", "the cat sat on", "one two three four five six", "x y")]
+    alone = [model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)[0, len(p):].tolist()
+             for p in prompts]
+    stops = {alone[0][2], alone[1][6]}  # rows end at different steps (some may run to the budget)
+    regen = OmegaConf.create({"max_new_tokens": 12, "temperature": 0.0, "top_p": 1.0})
+    generator = ReplyGenerator(model, tok, regen, max_len=64)
+    generator.eos_ids = stops
+    expected = []
+    for reply in alone:
+        end = next((j for j, t in enumerate(reply) if t in stops), len(reply))
+        expected.append(tok.decode(reply[:end], skip_special_tokens=True).strip())
+    assert sum(len(e) < len(tok.decode(a, skip_special_tokens=True).strip()) for e, a in zip(expected, alone)) >= 2
+    sizes = []
+    model.register_forward_pre_hook(lambda m, args, kw: sizes.append(kw["input_ids"].shape[0]), with_kwargs=True)
+    assert generator._generate(prompts) == expected
+    assert sizes[0] == 4 and sizes[-1] < 4 and sizes == sorted(sizes, reverse=True)  # ended rows left the batch
+
+
 def _free_port() -> int:
     import socket
 
