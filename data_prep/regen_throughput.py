@@ -1,0 +1,80 @@
+"""Regeneration speed: our batched reply loop against HF `generate` on the same prompts.
+
+    python -m data_prep.regen_throughput +model=smollm2_135m +prompts=32 +repeats=2
+
+Takes the first user turn of the first `prompts` conversations of the data source, decodes
+them as one left-padded greedy batch of `data.regen.max_new_tokens` with each method,
+alternating the methods `repeats` times (this machine is noisy), and prints tokens/s of
+each, their ratio (medians) and how many replies are identical. HF's static batch keeps
+computing rows whose reply has ended; ours drops them (data_prep/regenerate.py).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+from transformers import AutoModelForCausalLM
+
+from data_prep.conversations import read_conversations
+from data_prep.regenerate import ReplyGenerator
+from eagle.targets import load_tokenizer, resolve_target
+
+
+def hf_generate(generator: ReplyGenerator, prompts: list[list[int]]) -> list[str]:
+    """The same batch through `model.generate` (static batch), cut at the first end token."""
+    model, tok = generator.model, generator.tokenizer
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):], attn[row, width - len(p):] = torch.tensor(p), 1
+    with torch.inference_mode():
+        out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=int(generator.regen.max_new_tokens),
+                             do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=pad)
+    texts = []
+    for row in out[:, width:].tolist():
+        end = next((j for j, t in enumerate(row) if t in generator.eos_ids | {pad}), len(row))
+        texts.append(tok.decode(row[:end], skip_special_tokens=True).strip())
+    return texts
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    n, repeats = int(cfg.get("prompts", 32)), int(cfg.get("repeats", 2))
+    target_dir = resolve_target(cfg.model.path)
+    tok = load_tokenizer(target_dir, cfg.model.chat_template)
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, cfg.model.dtype)).eval()
+    regen = OmegaConf.merge(cfg.data.regen, {"temperature": 0.0})
+    generator = ReplyGenerator(model, tok, regen, int(cfg.model.max_len))
+    conversations, _ = read_conversations(str(cfg.data.source), 4 * n)
+    firsts = [[m for m in c.messages if m["role"] == "user"][:1] for c in conversations]
+    prompts = [list(tok.apply_chat_template(f, add_generation_prompt=True, tokenize=True, return_dict=False))
+               for f in firsts if f]
+    prompts = [p for p in prompts if len(p) + int(regen.max_new_tokens) <= int(cfg.model.max_len)][:n]
+    methods = {"hf_generate": lambda: hf_generate(generator, prompts), "ours": lambda: generator._generate(prompts)}
+    rates: dict[str, list[float]] = {m: [] for m in methods}
+    replies: dict[str, list[str]] = {}
+    for _ in range(repeats):
+        for name, run in methods.items():
+            start = time.perf_counter()
+            replies[name] = run()
+            seconds = time.perf_counter() - start
+            tokens = sum(len(tok(r, add_special_tokens=False)["input_ids"]) for r in replies[name])
+            rates[name].append(tokens / seconds)
+            print(json.dumps({"method": name, "seconds": round(seconds, 1), "reply_tokens": tokens,
+                              "tok_s": round(tokens / seconds, 1)}), flush=True)
+    before, after = (statistics.median(rates[m]) for m in methods)
+    same = sum(a == b for a, b in zip(replies["hf_generate"], replies["ours"]))
+    print(json.dumps({"prompts": len(prompts), "max_new_tokens": int(regen.max_new_tokens),
+                      "median_hf_generate_tok_s": round(before, 1), "median_ours_tok_s": round(after, 1),
+                      "ratio": round(after / before, 3), "identical_replies": same}))
+
+
+if __name__ == "__main__":
+    main()
