@@ -21,24 +21,19 @@ from omegaconf import DictConfig, OmegaConf
 from transformers import AutoModelForCausalLM
 
 from data_prep.conversations import read_conversations
-from data_prep.regenerate import ReplyGenerator
+from data_prep.regenerate import ReplyGenerator, left_pad
 from eagle.targets import load_tokenizer, resolve_target
 
 
 def hf_generate(generator: ReplyGenerator, prompts: list[list[int]]) -> list[str]:
     """The same batch through `model.generate` (static batch), cut at the first end token."""
-    model, tok = generator.model, generator.tokenizer
-    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p):], attn[row, width - len(p):] = torch.tensor(p), 1
+    model, tok, pad = generator.model, generator.tokenizer, generator.pad_id
+    ids, attn = left_pad(prompts, pad)  # [B, W]
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=int(generator.regen.max_new_tokens),
                              do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=pad)
     texts = []
-    for row in out[:, width:].tolist():
+    for row in out[:, ids.shape[1]:].tolist():
         end = next((j for j, t in enumerate(row) if t in generator.eos_ids | {pad}), len(row))
         texts.append(tok.decode(row[:end], skip_special_tokens=True).strip())
     return texts
@@ -57,7 +52,7 @@ def main(cfg: DictConfig) -> None:
     prompts = [list(tok.apply_chat_template(f, add_generation_prompt=True, tokenize=True, return_dict=False))
                for f in firsts if f]
     prompts = [p for p in prompts if len(p) + int(regen.max_new_tokens) <= int(cfg.model.max_len)][:n]
-    methods = {"hf_generate": lambda: hf_generate(generator, prompts), "ours": lambda: generator._generate(prompts)}
+    methods = {"hf_generate": lambda: hf_generate(generator, prompts), "ours": lambda: generator.decode_batch(prompts)}
     rates: dict[str, list[float]] = {m: [] for m in methods}
     replies: dict[str, list[str]] = {}
     for _ in range(repeats):

@@ -57,6 +57,7 @@ class ReplyGenerator:
     def __init__(self, model, tokenizer, regen, max_len: int):
         self.model, self.tokenizer, self.regen, self.max_len = model, tokenizer, regen, max_len
         self.eos_ids = eos_token_ids(model, tokenizer)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.tokens, self.seconds = 0, 0.0
 
     @property
@@ -92,22 +93,17 @@ class ReplyGenerator:
         out = {}
         for b in range(0, len(order), self.regen.batch_size):
             batch = order[b:b + self.regen.batch_size]
-            for i, text in zip(batch, self._generate([encoded[i] for i in batch])):
+            for i, text in zip(batch, self.decode_batch([encoded[i] for i in batch])):
                 out[i] = text
         return out
 
     @torch.inference_mode()
-    def _generate(self, prompts: list[list[int]]) -> list[str]:
+    def decode_batch(self, prompts: list[list[int]]) -> list[str]:
         """One reply per prompt, decoded as a left-padded batch. A row leaves the batch (and its
         KV cache) as soon as it ends, so each step only runs the rows still writing: about half
         the replies end well before max_new_tokens, and a static batch would keep computing them."""
-        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
-        width = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-        attn = torch.zeros_like(ids)
-        for row, p in enumerate(prompts):  # left padding
-            ids[row, width - len(p):] = torch.tensor(p)
-            attn[row, width - len(p):] = 1
+        ids, attn = left_pad(prompts, self.pad_id)  # [B, W]
+        width = ids.shape[1]
         device = self.model.device
         ids, attn = ids.to(device), attn.to(device)  # [B, W]
         positions = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, W]; pads are masked, their position is moot
@@ -136,6 +132,17 @@ class ReplyGenerator:
         self.seconds += time.perf_counter() - start
         self.tokens += sum(len(r) for r in replies)
         return [self.tokenizer.decode(r, skip_special_tokens=True).strip() for r in replies]
+
+
+def left_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [B, W] right-aligned to the longest prompt, and their attention mask [B, W]."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = torch.tensor(p)
+        attn[row, width - len(p):] = 1
+    return ids, attn
 
 
 def _chunk_path(out: Path, k: int) -> Path:
