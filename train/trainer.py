@@ -518,9 +518,9 @@ def widen_mlp(start: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]) ->
     """
     out = dict(start)
     for key, new in fresh.items():
-        old = start[key]
-        if old.shape == new.shape:
-            continue
+        old = start.get(key)
+        if old is None or old.shape == new.shape:
+            continue  # a missing key is load_state_dict's to report
         if key.endswith(("mlp.gate_proj.weight", "mlp.up_proj.weight")):  # [units, H]
             out[key] = torch.cat([old, new[old.shape[0]:].to(old.dtype)])
         elif key.endswith("mlp.down_proj.weight"):  # [H, units]
