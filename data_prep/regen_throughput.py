@@ -32,9 +32,10 @@ def hf_generate(generator: ReplyGenerator, prompts: list[list[int]]) -> list[str
     with torch.inference_mode():
         out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=int(generator.regen.max_new_tokens),
                              do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=pad)
+    ends = generator.eos_ids | {pad}  # generate pads the rows that ended
     texts = []
     for row in out[:, ids.shape[1]:].tolist():
-        end = next((j for j, t in enumerate(row) if t in generator.eos_ids | {pad}), len(row))
+        end = next((j for j, t in enumerate(row) if t in ends), len(row))
         texts.append(tok.decode(row[:end], skip_special_tokens=True).strip())
     return texts
 
