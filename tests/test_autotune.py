@@ -1,0 +1,50 @@
+"""The tree tuner's cost model and choice (eagle.autotune), without a model."""
+
+import itertools
+import time
+
+import pytest
+
+from eagle.autotune import choose, fastest_ms, fitted_costs
+
+
+def test_fitted_costs_recover_a_line_and_smooth_a_noisy_point():
+    line = {n: 40.0 + 0.75 * n for n in (8, 12, 16, 24, 32, 48, 64)}
+    assert fitted_costs(line) == pytest.approx(line)
+    noisy = {**line, 8: line[8] + 30.0}  # one size timed while something else ran
+    fit = fitted_costs(noisy)
+    assert all(fit[a] <= fit[b] for a, b in itertools.pairwise(sorted(fit)))  # bigger trees never cost less
+    assert abs(fit[8] - line[8]) < 15.0 < noisy[8] - line[8]  # the burst is mostly smoothed away
+
+
+def test_fitted_costs_never_slope_down():
+    fit = fitted_costs({3: 20.0, 5: 12.0, 7: 10.0})
+    assert len(set(round(v, 9) for v in fit.values())) == 1  # a falling line is clamped flat at the mean
+    assert fitted_costs({4: 7.0}) == {4: 7.0}
+
+
+def test_fastest_ms_interleaves_rounds_and_keeps_each_keys_fastest():
+    calls = []
+    slow = iter([0.0, 0.0, 0.02, 0.0, 0.0, 0.0])  # one call of the second round is slowed down
+
+    def timed(key):  # the fn of `key`: records the call, sleeps when told to
+        def fn():
+            calls.append(key)
+            delay = next(slow)
+            if delay:
+                time.sleep(delay)
+        return fn
+
+    ms = fastest_ms({1: timed(1), 2: timed(2)}, rounds=2)
+    assert calls == [1, 2, 1, 2, 1, 2]  # a warm-up round, then rounds visiting every key in turn
+    assert ms[1] < 5.0 and ms[2] < 5.0  # the slowed call (key 1, round 1) is not the one kept
+
+
+def test_choose_takes_the_cheapest_of_the_nearly_fastest():
+    grid = [
+        {"total_token": 8, "depth": 3, "ms_per_step": 70.0, "tokens_per_s": 29.5},
+        {"total_token": 32, "depth": 3, "ms_per_step": 85.0, "tokens_per_s": 30.0},
+        {"total_token": 64, "depth": 6, "ms_per_step": 120.0, "tokens_per_s": 24.0},
+    ]
+    assert choose(grid)["total_token"] == 8  # within 3 % of the best: timings cannot tell them apart
+    assert choose(grid, tolerance=0.0)["total_token"] == 32
