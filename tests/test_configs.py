@@ -50,3 +50,20 @@ def test_unknown_model_preset_is_one_line():
     message = unknown_model(["+model=vicuna7", "data.limit=3"])
     assert "\n" not in message and "'vicuna7'" in message and "vicuna7b" in message
     assert unknown_model(["train.lr=1"]) is None
+
+
+def test_the_shipped_recipe_chains_its_stages():
+    """Each stage of the shipped SmolLM2 head starts from the previous stage's exported head;
+    stage 3 trains on stage 2's store, so it regenerates nothing."""
+
+    def composed(experiment):
+        with initialize_config_dir(config_dir=str(CONF), version_base=None):
+            cfg = compose(config_name="config", overrides=["+model=smollm2_135m", f"+experiment={experiment}"])
+        OmegaConf.resolve(cfg)
+        return cfg
+
+    stage1, stage2, stage3 = (composed(e) for e in ("smollm2_vocab8k", "smollm2_regen", "smollm2_ttt4"))
+    assert stage2.train.init_head == f"{stage1.output_dir}/head"
+    assert stage3.train.init_head == f"{stage2.output_dir}/head"
+    assert stage3.store_dir == stage2.store_dir and stage3.data.regenerate
+    assert (stage2.train.ttt_steps, stage3.train.ttt_steps) == (2, 4)
