@@ -1,0 +1,113 @@
+"""Chats the target writes alone: it asks the questions and answers them (Magpie-style).
+
+    python -m data_prep.self_instruct +model=smollm2_135m +n=512 +out=data/self-instruct-512.json
+
+A chat model has learnt what users ask. Rendering its chat template up to the point where a
+user's message starts (the system prompt and the user header) and *sampling* from there
+makes it write a user question; answering that question greedily, as `data.regenerate` does
+for ShareGPT's questions, gives a conversation entirely in the target's own words, on
+whatever topics the target expects to be asked about. No dataset is needed, and the
+questions are not bounded by the topics of one (ShareGPT's first 4,096 chats here).
+
+The output is a ShareGPT JSON file (`from`/`value` turns) that `data=sharegpt_local` reads:
+
+    python -m data_prep +model=smollm2_135m data=sharegpt_local data.source=data/self-instruct-512.json
+
+Questions are sampled at `+question_temperature` (1.0) and `+question_top_p` (0.95), up to
+`+question_tokens` (96) tokens; empty, very short and duplicate questions are dropped and more
+are sampled. Replies follow `data.regen` (greedy, `max_new_tokens`). The file is written
+once at the end (to a temporary name, then renamed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from pathlib import Path
+
+import hydra
+import torch
+from omegaconf import DictConfig, OmegaConf
+from transformers import AutoModelForCausalLM
+
+from data_prep.conversations import Conversation
+from data_prep.regenerate import ReplyGenerator
+from eagle.targets import load_tokenizer, resolve_target
+
+log = logging.getLogger("data_prep")
+
+_MARK = "\u2063QUESTION\u2063"  # a string no template adds by itself
+
+
+def question_prefix(tokenizer) -> list[int]:
+    """Token ids of the chat template up to where the first user message's text starts."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": _MARK}], tokenize=False)
+    if _MARK not in text:
+        raise ValueError("the chat template drops the user's text: cannot find where a question starts")
+    return tokenizer(text[: text.index(_MARK)], add_special_tokens=False)["input_ids"]
+
+
+def _key(question: str) -> str:
+    """What two questions must differ in to count as different: words, case and spacing aside."""
+    return " ".join(re.findall(r"\w+", question.lower()))
+
+
+def sample_questions(generator: ReplyGenerator, n: int, batch_size: int, min_words: int = 4,
+                     max_rounds: int | None = None) -> list[str]:
+    """Up to `n` distinct questions, sampled in batches from the template's user header."""
+    prefix = question_prefix(generator.tokenizer)
+    questions: list[str] = []
+    seen: set[str] = set()
+    rounds = max_rounds if max_rounds is not None else 4 * (-(-n // batch_size))
+    for _ in range(rounds):
+        for text in generator.decode_batch([prefix] * batch_size):
+            key = _key(text)
+            if len(key.split()) >= min_words and key not in seen:
+                seen.add(key)
+                questions.append(text)
+        log.info("self_instruct: %d/%d distinct questions", len(questions), n)
+        if len(questions) >= n:
+            break
+    return questions[:n]
+
+
+def answer(generator: ReplyGenerator, questions: list[str]) -> list[Conversation]:
+    """One greedy reply per question (`generator.regen` settings), as conversations."""
+    chats = [Conversation(i, f"self-{i:05d}", [{"role": "user", "content": q}]) for i, q in enumerate(questions)]
+    return generator.conversations(chats)
+
+
+def write_sharegpt(conversations: list[Conversation], out: Path) -> None:
+    """ShareGPT JSON (`conversations` of `from`/`value` turns), written whole, then renamed."""
+    who = {"system": "system", "user": "human", "assistant": "gpt"}
+    records = [{"id": c.id, "conversations": [{"from": who[m["role"]], "value": m["content"]} for m in c.messages]}
+               for c in conversations]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(records, ensure_ascii=False, indent=1))
+    os.replace(tmp, out)
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    n, out = int(cfg.get("n", 512)), Path(str(cfg.get("out", "data/self-instruct.json")))
+    torch.manual_seed(int(cfg.seed))
+    target_dir = resolve_target(cfg.model.path)
+    tok = load_tokenizer(target_dir, cfg.model.chat_template)
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, cfg.model.dtype)).eval()
+    asking = OmegaConf.merge(cfg.data.regen, {"temperature": float(cfg.get("question_temperature", 1.0)),
+                                              "top_p": float(cfg.get("question_top_p", 0.95)),
+                                              "max_new_tokens": int(cfg.get("question_tokens", 96))})
+    questions = sample_questions(ReplyGenerator(model, tok, asking, int(cfg.model.max_len)), n,
+                                 int(cfg.data.regen.batch_size))
+    replier = ReplyGenerator(model, tok, cfg.data.regen, int(cfg.model.max_len))
+    chats = answer(replier, questions)
+    write_sharegpt(chats, out)
+    print(f"{len(chats)} self-instructed conversations ({len(questions)} questions asked; replies at "
+          f"{replier.tokens_per_s:.0f} tok/s) in {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,35 @@
+"""Self-instructed chats (data_prep.self_instruct) on a tiny random target with the real ChatML tokenizer."""
+
+import torch
+from omegaconf import OmegaConf
+from transformers import AutoModelForCausalLM
+
+from data_prep.conversations import read_conversations
+from data_prep.regenerate import ReplyGenerator
+from data_prep.self_instruct import answer, question_prefix, sample_questions, write_sharegpt
+from eagle.targets import load_tokenizer
+
+
+def test_question_prefix_stops_where_the_users_text_starts(tiny_dir):
+    tok = load_tokenizer(tiny_dir)
+    prefix = question_prefix(tok)
+    whole = tok.apply_chat_template([{"role": "user", "content": "Why is the sky blue?"}], tokenize=False)
+    assert tok.decode(prefix).endswith("user\n") and whole.startswith(tok.decode(prefix))
+    assert whole[len(tok.decode(prefix)):].startswith("Why is the sky blue?")
+
+
+def test_questions_are_distinct_sampled_and_answered_into_a_readable_sharegpt_file(tiny_dir, tmp_path):
+    tok = load_tokenizer(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    asking = OmegaConf.create({"max_new_tokens": 12, "temperature": 1.0, "top_p": 1.0})
+    torch.manual_seed(0)
+    questions = sample_questions(ReplyGenerator(model, tok, asking, max_len=128), n=6, batch_size=4, min_words=2,
+                                 max_rounds=6)
+    assert len(questions) == 6 and len({" ".join(q.lower().split()) for q in questions}) == 6
+    replying = OmegaConf.create({"max_new_tokens": 8, "temperature": 0.0, "top_p": 1.0, "max_turns": 1, "batch_size": 4})
+    chats = answer(ReplyGenerator(model, tok, replying, max_len=128), questions)
+    assert chats and all([m["role"] for m in c.messages] == ["user", "assistant"] for c in chats)
+    out = tmp_path / "self.json"
+    write_sharegpt(chats, out)
+    back, _ = read_conversations(str(out))
+    assert [c.messages for c in back] == [c.messages for c in chats]  # the pipeline reads what was written
