@@ -101,6 +101,18 @@ def test_resume_continues_at_same_step_with_same_batches(tiny, tmp_path):
         assert torch.equal(a[k], b[k]), k
 
 
+def test_resume_refuses_a_checkpoint_of_another_store(tiny, tmp_path):
+    """A run folder keeps its store: resuming it over other data is a clear error, not a silent mix."""
+    target, _ = tiny
+    first = Trainer(make_cfg(tiny, tmp_path, "train.max_steps=6", "train.save_every=2", "train.stop_after=2"))
+    assert first.fit().stopped
+    other = tmp_path.parent / f"{tmp_path.name}-other-store"
+    write_tiny_store(tiny_llama(seed=0), other, records=40, target_path=str(target))
+    with pytest.raises(ValueError, match=r"trained on store store \(48 records\).*-other-store \(40 records\)"):
+        Trainer(make_cfg((target, other), tmp_path, "train.max_steps=6", "train.save_every=2"))
+    assert Trainer(make_cfg((target, other), tmp_path, "train.max_steps=6", "train.resume=none")).step == 0
+
+
 def test_exported_head_reproduces_trained_module(tiny, tmp_path):
     trainer = Trainer(make_cfg(tiny, tmp_path, "train.max_steps=3", "wandb.mode=offline"))
     result = trainer.fit()

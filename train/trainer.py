@@ -276,13 +276,19 @@ class Trainer:
         """DeepSpeed checkpoint of this step (all ranks), then prune to train.keep_last."""
         tag = f"step{self.step:08d}"
         state = {"step": self.step, "micro_step": self.step * self.cfg.train.grad_accum,
-                 "world_size": self.world, "seed": self.cfg.seed, "wandb_id": self.wandb_id}
+                 "world_size": self.world, "seed": self.cfg.seed, "wandb_id": self.wandb_id,
+                 "store": self._store_identity()}
         self.engine.save_checkpoint(str(self.ckpt_dir), tag=tag, client_state=state)
         self._saved_step = self.step
         if self.rank == 0:
             prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_last)
         dist.barrier()
         return self.ckpt_dir / tag
+
+    def _store_identity(self) -> str:
+        """What a checkpoint remembers of its data: the store's folder name (data, limit, regeneration,
+        length and layers) and its record count. A moved store keeps it; another selection does not."""
+        return f"{Path(str(self.cfg.store_dir)).name} ({len(self.store)} records)"
 
     def _maybe_resume(self) -> None:
         resume = str(self.cfg.train.resume)
@@ -301,6 +307,10 @@ class Trainer:
         if client.get("world_size", self.world) != self.world:
             raise ValueError(f"{load_path}: saved with {client['world_size']} ranks, resuming with {self.world}: "
                              "the data order would differ")
+        saved_store = client.get("store")  # absent in checkpoints written before session 6
+        if saved_store is not None and saved_store != self._store_identity():
+            raise ValueError(f"{load_path}: trained on store {saved_store}, but this run reads "
+                             f"{self._store_identity()}: pick a new output_dir, or train.resume=none to start over")
         self.step = self._saved_step = int(client["step"])
         self.wandb_id = client.get("wandb_id")
         if self.rank == 0:
