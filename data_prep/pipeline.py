@@ -32,7 +32,7 @@ from data_prep.store import (
     write_shard,
 )
 from data_prep.template import TemplateError, template_hash, tokenize_conversation
-from eagle.targets import load_tokenizer, resolve_target
+from eagle.targets import load_target, load_tokenizer, resolve_target
 
 log = logging.getLogger("data_prep")
 
@@ -71,7 +71,7 @@ def prepare(cfg) -> Path:
     n_shards = -(-len(job.conversations) // cfg.data.shard_records)
     if rank == 0:
         write_manifest(out, _manifest(cfg, job, key, n_shards, complete=False))
-    model = _load_target(job.target_dir, cfg.model.dtype)
+    model = load_target(job.target_dir, cfg.model.dtype)
     stats = _run_shards(cfg, job, model, n_shards)
     _barrier(world)
     if rank == 0:
@@ -123,15 +123,6 @@ def _target_info(cfg, target_dir: Path) -> dict:
         "hidden_size": text.hidden_size, "vocab_size": text.vocab_size, "num_layers": text.num_hidden_layers,
         "dtype": str(cfg.model.dtype), "feature_layers": list(cfg.model.feature_layers), "max_len": int(cfg.model.max_len),
     }
-
-
-def _load_target(target_dir: Path, dtype: str):
-    from transformers import AutoModelForCausalLM
-
-    from eagle.targets import local_device
-
-    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, dtype))
-    return model.to(local_device()).eval().requires_grad_(False)
 
 
 def _run_shards(cfg, job: Job, model, n_shards: int) -> dict:

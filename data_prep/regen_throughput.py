@@ -18,11 +18,10 @@ import time
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
-from transformers import AutoModelForCausalLM
 
 from data_prep.conversations import read_conversations
 from data_prep.regenerate import ReplyGenerator, left_pad
-from eagle.targets import load_tokenizer, resolve_target
+from eagle.targets import load_target, load_tokenizer, resolve_target
 
 
 def hf_generate(generator: ReplyGenerator, prompts: list[list[int]]) -> list[str]:
@@ -30,7 +29,7 @@ def hf_generate(generator: ReplyGenerator, prompts: list[list[int]]) -> list[str
     model, tok, pad = generator.model, generator.tokenizer, generator.pad_id
     ids, attn = left_pad(prompts, pad)  # [B, W]
     with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=int(generator.regen.max_new_tokens),
+        out = model.generate(input_ids=ids.to(model.device), attention_mask=attn.to(model.device), max_new_tokens=int(generator.regen.max_new_tokens),
                              do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=pad)
     ends = generator.eos_ids | {pad}  # generate pads the rows that ended
     texts = []
@@ -45,7 +44,7 @@ def main(cfg: DictConfig) -> None:
     n, repeats = int(cfg.get("prompts", 32)), int(cfg.get("repeats", 2))
     target_dir = resolve_target(cfg.model.path)
     tok = load_tokenizer(target_dir, cfg.model.chat_template)
-    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, cfg.model.dtype)).eval()
+    model = load_target(target_dir, cfg.model.dtype)
     regen = OmegaConf.merge(cfg.data.regen, {"temperature": 0.0})
     generator = ReplyGenerator(model, tok, regen, int(cfg.model.max_len))
     conversations, _ = read_conversations(str(cfg.data.source), 4 * n)

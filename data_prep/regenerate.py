@@ -20,7 +20,7 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from data_prep.conversations import Conversation
-from eagle.targets import eos_token_ids
+from eagle.targets import eos_token_ids, load_target
 from eagle.verify import SamplingParams, sample
 
 log = logging.getLogger("data_prep")
@@ -34,12 +34,7 @@ def regenerate(cfg, target_dir: Path, tokenizer, conversations: list[Conversatio
     n_chunks = -(-len(conversations) // size)
     todo = [k for k in range(rank, n_chunks, world) if not _chunk_path(out, k).exists()]
     if todo:
-        from transformers import AutoModelForCausalLM
-
-        from eagle.targets import local_device
-
-        model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, cfg.model.dtype))
-        model = model.to(local_device()).eval()
+        model = load_target(target_dir, cfg.model.dtype)
         generator = ReplyGenerator(model, tokenizer, cfg.data.regen, int(cfg.model.max_len))
         for k in todo:
             torch.manual_seed(int(cfg.seed) + k)

@@ -21,20 +21,18 @@ once at the end (to a temporary name, then renamed).
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import re
 from pathlib import Path
 
 import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf
-from transformers import AutoModelForCausalLM
 
 from data_prep.conversations import Conversation
 from data_prep.regenerate import ReplyGenerator
-from eagle.targets import load_tokenizer, resolve_target
+from data_prep.store import write_json_atomic
+from eagle.targets import load_target, load_tokenizer, resolve_target
 
 log = logging.getLogger("data_prep")
 
@@ -85,9 +83,7 @@ def write_sharegpt(conversations: list[Conversation], out: Path) -> None:
     records = [{"id": c.id, "conversations": [{"from": who[m["role"]], "value": m["content"]} for m in c.messages]}
                for c in conversations]
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(out.name + ".tmp")
-    tmp.write_text(json.dumps(records, ensure_ascii=False, indent=1))
-    os.replace(tmp, out)
+    write_json_atomic(out, records)
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
@@ -96,7 +92,7 @@ def main(cfg: DictConfig) -> None:
     torch.manual_seed(int(cfg.seed))
     target_dir = resolve_target(cfg.model.path)
     tok = load_tokenizer(target_dir, cfg.model.chat_template)
-    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, cfg.model.dtype)).eval()
+    model = load_target(target_dir, cfg.model.dtype)
     asking = OmegaConf.merge(cfg.data.regen, {"temperature": float(cfg.get("question_temperature", 1.0)),
                                               "top_p": float(cfg.get("question_top_p", 0.95)),
                                               "max_new_tokens": int(cfg.get("question_tokens", 96))})

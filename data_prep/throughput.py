@@ -23,7 +23,7 @@ from data_prep import pipeline
 from data_prep.conversations import read_conversations
 from data_prep.features import iter_batches
 from data_prep.store import read_manifest
-from eagle.targets import load_tokenizer, resolve_target
+from eagle.targets import load_target, load_tokenizer, resolve_target
 
 
 def bare_forward_tokens_per_s(cfg: DictConfig) -> float:
@@ -36,7 +36,7 @@ def bare_forward_tokens_per_s(cfg: DictConfig) -> float:
     for k in range(-(-len(conversations) // R)):
         tokenized, _ = pipeline._tokenize(tokenizer, conversations[k * R:(k + 1) * R], cfg.model.max_len)
         seqs_by_shard.append([ids for ids, _ in tokenized])
-    model = pipeline._load_target(target_dir, cfg.model.dtype)
+    model = load_target(target_dir, cfg.model.dtype)
     decoder = model.get_decoder()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batches = [b for seqs in seqs_by_shard for b in iter_batches(seqs, cfg.data.batch_tokens, pad)]

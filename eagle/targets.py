@@ -137,6 +137,16 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 TEMPLATE_DIR = Path(__file__).parent / "chat_templates"
 
 
+def load_target(target_dir: str | os.PathLike, dtype: str):
+    """The target as a frozen causal LM in eval mode on this process's device (`local_device`):
+    what data_prep runs for features and for regenerated replies. `dtype` is a torch dtype name."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, dtype))
+    return model.to(local_device()).eval().requires_grad_(False)
+
+
 def load_tokenizer(target_dir: str | os.PathLike, chat_template: str | None = None):
     """The target's tokenizer, with `chat_template` (a name in eagle/chat_templates,
     a .jinja path, or a template string) replacing its own when given."""
