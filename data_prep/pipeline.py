@@ -98,7 +98,7 @@ def config_key(cfg) -> str:
 def _job(cfg, out: Path, rank: int, world: int) -> Job:
     target_dir = resolve_target(cfg.model.path)
     tokenizer = load_tokenizer(target_dir, cfg.model.chat_template)
-    conversations, report = read_conversations(str(cfg.data.source), cfg.data.limit, cfg.data.get("split", "train"))
+    conversations, report = read_conversations(cfg.data.source, cfg.data.limit, cfg.data.get("split", "train"))
     source = report.as_dict()
     if report.truncated:
         log.warning("%s is truncated: recovered %d whole records, dropped the last %d bytes (one partial record)",

@@ -47,7 +47,7 @@ def main(cfg: DictConfig) -> None:
     model = load_target(target_dir, cfg.model.dtype)
     regen = OmegaConf.merge(cfg.data.regen, {"temperature": 0.0})
     generator = ReplyGenerator(model, tok, regen, int(cfg.model.max_len))
-    conversations, _ = read_conversations(str(cfg.data.source), 4 * n)
+    conversations, _ = read_conversations(cfg.data.source, 4 * n)
     firsts = [[m for m in c.messages if m["role"] == "user"][:1] for c in conversations]
     prompts = [list(tok.apply_chat_template(f, add_generation_prompt=True, tokenize=True, return_dict=False))
                for f in firsts if f]

@@ -30,7 +30,7 @@ def bare_forward_tokens_per_s(cfg: DictConfig) -> float:
     """Tokens/s of the decoder alone over the batches the pipeline forms."""
     target_dir = resolve_target(cfg.model.path)
     tokenizer = load_tokenizer(target_dir, cfg.model.chat_template)
-    conversations, _ = read_conversations(str(cfg.data.source), cfg.data.limit)
+    conversations, _ = read_conversations(cfg.data.source, cfg.data.limit)
     R = cfg.data.shard_records
     seqs_by_shard = []
     for k in range(-(-len(conversations) // R)):

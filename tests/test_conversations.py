@@ -124,3 +124,29 @@ def test_packaged_sharegpt_is_recovered():
         pytest.skip(str(e))
     assert report.read == 17671 and report.truncated_bytes > 0
     assert report.kept + sum(report.skipped.values()) == report.read
+
+
+def test_several_sources_read_in_order_as_one(tmp_path):
+    from omegaconf import OmegaConf
+
+    first = write_json(tmp_path, SHAREGPT, name="first.json")
+    rows = [{"id": f"r{i}", "messages": [{"role": "user", "content": f"Q{i}"}, {"role": "assistant", "content": "A"}]}
+            for i in range(4)]
+    for k in range(2):  # two chunk files found by a glob, read in sorted order
+        (tmp_path / f"chunk-{k}.jsonl").write_text("\n".join(json.dumps(r) for r in rows[2 * k:2 * k + 2]) + "\n")
+    sources = OmegaConf.create({"source": [str(first), str(tmp_path / "chunk-*.jsonl")]}).source  # as Hydra passes it
+    convs, report = read_conversations(sources)
+    assert [c.id for c in convs] == ["a", "b", "e", "r0", "r1", "r2", "r3"]
+    assert [c.index for c in convs] == [0, 1, 4, 6, 7, 8, 9]  # positions across the concatenation, unique
+    assert report.read == 10 and report.kept == 7 and report.skipped["empty"] == 1
+    assert [p["data"] for p in report.as_dict()["parts"]] == [str(first)] + [str(tmp_path / f"chunk-{k}.jsonl") for k in range(2)]
+    convs, report = read_conversations(sources, limit=8)  # the limit counts across sources
+    assert [c.id for c in convs] == ["a", "b", "e", "r0", "r1"] and report.read == 8
+    assert len(report.parts) == 2  # the last chunk was never opened
+
+
+def test_a_glob_that_matches_nothing_is_an_error(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"chunk-\*\.jsonl: no data file matches"):
+        read_conversations([str(write_json(tmp_path, SHAREGPT)), str(tmp_path / "chunk-*.jsonl")])
+    with pytest.raises(ValueError, match="empty"):
+        read_conversations([])

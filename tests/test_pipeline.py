@@ -120,6 +120,20 @@ def test_regenerated_replies_are_the_targets_own(tiny_dir, chats, tmp_path):
     assert FeatureStore(out).manifest["source"]["regenerated"] is True
 
 
+def test_a_store_mixes_a_regenerated_store_with_another_file(tiny_dir, chats, tmp_path):
+    regen = pipeline.prepare(config(tiny_dir, chats, tmp_path / "r", **{
+        "data.limit": 6, "data.regenerate": "true", "data.regen.max_new_tokens": 8, "data.regen.batch_size": 3}))
+    sources = f"[{regen / 'regenerated' / 'chunk-*.jsonl'},{chats}]"  # the override a user types
+    mixed = pipeline.prepare(config(tiny_dir, chats, tmp_path / "m", **{"data.source": sources}))
+    m = read_manifest(mixed)
+    assert m["source"]["kept"] == 4 + 18 and len(m["source"]["parts"]) == 2  # one chunk (4 replies), then the file
+    before, after = FeatureStore(regen), FeatureStore(mixed)
+    for i in range(len(before)):  # the regenerated conversations come first, token for token
+        assert torch.equal(after.tokens(i)[0], before.tokens(i)[0])
+    with pytest.raises(ValueError, match="other settings"):  # another list is another store
+        pipeline.prepare(config(tiny_dir, chats, tmp_path / "m", **{"data.source": f"[{chats}]"}))
+
+
 def test_batched_replies_match_one_by_one_greedy_as_rows_end(tiny_dir):
     """The batched generator drops a row from the batch and its cache when it ends; the rows left
     keep decoding exactly as they would alone (fp32, greedy), whatever their prompt lengths."""
