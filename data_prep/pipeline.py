@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from data_prep.conversations import Conversation, read_conversations
+from data_prep.conversations import Conversation, expand_sources, read_conversations
 from data_prep.features import compute_records
 from data_prep.store import (
     new_manifest,
@@ -84,11 +84,12 @@ def prepare(cfg) -> Path:
 
 
 def config_key(cfg) -> str:
-    """Hash of every setting that changes the store's bytes."""
+    """Hash of every setting that changes the store's bytes (a glob's files, not the pattern)."""
+    files = expand_sources(cfg.data.source)
     parts = {
         "target": str(cfg.model.path), "dtype": str(cfg.model.dtype), "max_len": int(cfg.model.max_len),
         "chat_template": str(cfg.model.chat_template), "layers": list(cfg.model.feature_layers),
-        "source": str(cfg.data.source), "limit": cfg.data.limit, "split": str(cfg.data.get("split", "train")),
+        "source": files[0] if files == [str(cfg.data.source)] else files, "limit": cfg.data.limit, "split": str(cfg.data.get("split", "train")),
         "shard_records": int(cfg.data.shard_records), "regenerate": bool(cfg.data.regenerate),
         "regen": dict(cfg.data.regen) if cfg.data.regenerate else None,
     }

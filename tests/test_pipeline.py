@@ -134,6 +134,18 @@ def test_a_store_mixes_a_regenerated_store_with_another_file(tiny_dir, chats, tm
         pipeline.prepare(config(tiny_dir, chats, tmp_path / "m", **{"data.source": f"[{chats}]"}))
 
 
+def test_a_glob_that_finds_one_more_file_is_another_store(tiny_dir, chats, tmp_path):
+    (tmp_path / "a-1.jsonl").write_text(chats.read_text())
+    cfg = config(tiny_dir, chats, tmp_path / "s", **{"data.source": f"[{tmp_path / 'a-*.jsonl'}]"})
+    key = pipeline.config_key(cfg)
+    assert key == pipeline.config_key(cfg)
+    (tmp_path / "a-2.jsonl").write_text(chats.read_text())
+    assert pipeline.config_key(cfg) != key  # so prepare() refuses to finish the old store with new data
+    plain = config(tiny_dir, chats, tmp_path / "s")
+    assert pipeline.config_key(plain) == pipeline.config_key(config(tiny_dir, chats, tmp_path / "s",
+                                                                    **{"data.source": str(chats)}))
+
+
 def test_batched_replies_match_one_by_one_greedy_as_rows_end(tiny_dir):
     """The batched generator drops a row from the batch and its cache when it ends; the rows left
     keep decoding exactly as they would alone (fp32, greedy), whatever their prompt lengths."""
