@@ -15,7 +15,9 @@ The output is a ShareGPT JSON file (`from`/`value` turns) that `data=sharegpt_lo
 
 Questions are sampled at `+question_temperature` (1.0) and `+question_top_p` (0.95), up to
 `+question_tokens` (96) tokens; empty, very short and duplicate questions are dropped and more
-are sampled. Replies follow `data.regen` (greedy, `max_new_tokens`). The file is written
+are sampled. `+openers=FILE` (one opener per line, e.g. conf/self_instruct/openers.txt) starts
+the questions of each batch with those words in turn, to steer them toward kinds the target
+seldom asks itself (extraction from a passage, science, history...). Replies follow `data.regen` (greedy, `max_new_tokens`). The file is written
 once at the end (to a temporary name, then renamed).
 """
 
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
@@ -53,22 +56,49 @@ def _key(question: str) -> str:
 
 
 def sample_questions(generator: ReplyGenerator, n: int, batch_size: int, min_words: int = 4,
-                     max_rounds: int | None = None) -> list[str]:
-    """Up to `n` distinct questions, sampled in batches from the template's user header."""
+                     max_rounds: int | None = None, openers: Sequence[str] = ()) -> list[str]:
+    """Up to `n` distinct questions, sampled in batches from the template's user header.
+
+    With `openers`, row i of every batch starts its question with openers[i % len(openers)]
+    (the opener is part of the question): a way to ask for kinds of questions the target
+    seldom asks itself, such as extraction from a passage.
+    """
     prefix = question_prefix(generator.tokenizer)
+    starts = [o.strip() for o in openers] or [""]
+    prompts = [prefix + generator.tokenizer(o, add_special_tokens=False)["input_ids"] if o else prefix for o in starts]
     questions: list[str] = []
     seen: set[str] = set()
     rounds = max_rounds if max_rounds is not None else 4 * (-(-n // batch_size))
     for _ in range(rounds):
-        for text in generator.decode_batch([prefix] * batch_size):
-            key = _key(text)
-            if len(key.split()) >= min_words and key not in seen:
+        rows = [i % len(starts) for i in range(batch_size)]
+        for i, text in zip(rows, generator.decode_batch([prompts[i] for i in rows])):
+            question = _join(starts[i], text)
+            key = _key(question)
+            if len(key.split()) >= min_words + len(starts[i].split()) and key not in seen:
                 seen.add(key)
-                questions.append(text)
+                questions.append(question)
         log.info("self_instruct: %d/%d distinct questions", len(questions), n)
         if len(questions) >= n:
             break
     return questions[:n]
+
+
+def _join(opener: str, text: str) -> str:
+    """The opener and the sampled rest (which decode stripped), with a space between words."""
+    if not opener:
+        return text
+    return opener + ("" if text[:1] in ",.:;?!)" else " ") + text
+
+
+def read_openers(path: str | None) -> list[str]:
+    """One opener per line of a text file; blank lines and `#` comments are skipped."""
+    if not path:
+        return []
+    lines = [line.strip() for line in Path(path).read_text(encoding="utf-8").splitlines()]
+    openers = [line for line in lines if line and not line.startswith("#")]
+    if not openers:
+        raise ValueError(f"{path}: no openers in this file (one per line)")
+    return openers
 
 
 def answer(generator: ReplyGenerator, questions: list[str]) -> list[Conversation]:
@@ -97,7 +127,7 @@ def main(cfg: DictConfig) -> None:
                                               "top_p": float(cfg.get("question_top_p", 0.95)),
                                               "max_new_tokens": int(cfg.get("question_tokens", 96))})
     questions = sample_questions(ReplyGenerator(model, tok, asking, int(cfg.model.max_len)), n,
-                                 int(cfg.data.regen.batch_size))
+                                 int(cfg.data.regen.batch_size), openers=read_openers(cfg.get("openers")))
     replier = ReplyGenerator(model, tok, cfg.data.regen, int(cfg.model.max_len))
     chats = answer(replier, questions)
     write_sharegpt(chats, out)

@@ -1,12 +1,13 @@
 """Self-instructed chats (data_prep.self_instruct) on a tiny random target with the real ChatML tokenizer."""
 
+import pytest
 import torch
 from omegaconf import OmegaConf
 from transformers import AutoModelForCausalLM
 
 from data_prep.conversations import read_conversations
 from data_prep.regenerate import ReplyGenerator
-from data_prep.self_instruct import answer, question_prefix, sample_questions, write_sharegpt
+from data_prep.self_instruct import answer, question_prefix, read_openers, sample_questions, write_sharegpt
 from eagle.targets import load_tokenizer
 
 
@@ -33,3 +34,22 @@ def test_questions_are_distinct_sampled_and_answered_into_a_readable_sharegpt_fi
     write_sharegpt(chats, out)
     back, _ = read_conversations(str(out))
     assert [c.messages for c in back] == [c.messages for c in chats]  # the pipeline reads what was written
+
+
+def test_openers_start_the_questions_in_turn(tiny_dir, tmp_path):
+    tok = load_tokenizer(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    asking = OmegaConf.create({"max_new_tokens": 6, "temperature": 1.0, "top_p": 1.0})
+    path = tmp_path / "openers.txt"
+    path.write_text("# a comment\nExtract\n\n  Explain how  \n")
+    openers = read_openers(str(path))
+    assert openers == ["Extract", "Explain how"]
+    torch.manual_seed(0)
+    questions = sample_questions(ReplyGenerator(model, tok, asking, max_len=128), n=4, batch_size=4, min_words=1,
+                                 max_rounds=4, openers=openers)
+    assert len(questions) == 4
+    assert sum(q.startswith("Extract") for q in questions) == sum(q.startswith("Explain how ") for q in questions) == 2
+    empty = tmp_path / "empty.txt"
+    empty.write_text("# nothing\n")
+    with pytest.raises(ValueError, match="empty.txt: no openers"):
+        read_openers(str(empty))
