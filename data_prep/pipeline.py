@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from data_prep.conversations import Conversation, expand_sources, read_conversations
 from data_prep.features import compute_records
+from data_prep.reuse import Donors, link_shard
 from data_prep.store import (
     new_manifest,
     read_manifest,
@@ -123,6 +124,7 @@ def _target_info(cfg, target_dir: Path) -> dict:
         "name": cfg.model.name, "path": str(cfg.model.path), "resolved_path": str(target_dir),
         "hidden_size": text.hidden_size, "vocab_size": text.vocab_size, "num_layers": text.num_hidden_layers,
         "dtype": str(cfg.model.dtype), "feature_layers": list(cfg.model.feature_layers), "max_len": int(cfg.model.max_len),
+        "batch_tokens": int(cfg.data.batch_tokens),  # batches shape the bf16 features' last bits (data_prep.reuse)
     }
 
 
@@ -134,12 +136,20 @@ def _run_shards(cfg, job: Job, model, n_shards: int) -> dict:
     hidden = model.config.get_text_config().hidden_size
     pad_id = job.tokenizer.pad_token_id if job.tokenizer.pad_token_id is not None else 0
     R = cfg.data.shard_records
+    donors = Donors(cfg.data.get("reuse") or [], job.target, template_hash(job.tokenizer), int(cfg.data.batch_tokens))
+    reused = 0
     bar = tqdm(total=sum(len(job.conversations[k * R:(k + 1) * R]) for k in todo), unit="conv",
                desc=f"features{f' rank {job.rank}' if job.world > 1 else ''}", dynamic_ncols=True)
     tokens, start = 0, time.perf_counter()
     for k in todo:
         chunk = job.conversations[k * R:(k + 1) * R]
         tokenized, skipped = _tokenize(job.tokenizer, chunk, cfg.model.max_len)
+        donor = donors.find(tokenized, skipped)
+        if donor is not None:
+            link_shard(donor, job.out / shard_name(k))
+            reused += 1
+            bar.update(len(chunk))
+            continue
 
         def progress(n_tokens: int, n_rows: int) -> None:
             nonlocal tokens
@@ -153,8 +163,10 @@ def _run_shards(cfg, job: Job, model, n_shards: int) -> dict:
         if job.world == 1:
             write_manifest(job.out, _manifest(cfg, job, config_key(cfg), n_shards, complete=False))
     bar.close()
+    if donors.shards:
+        log.info("reused %d of %d shards from data.reuse", reused, len(todo))
     seconds = time.perf_counter() - start
-    return {"tokens": tokens, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1) if seconds else None}
+    return {"tokens": tokens, "reused_shards": reused, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1) if seconds else None}
 
 
 def _tokenize(tokenizer, chunk: list[Conversation], max_len: int) -> tuple[list[tuple[list[int], list[int]]], Counter]:

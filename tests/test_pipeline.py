@@ -134,6 +134,33 @@ def test_a_store_mixes_a_regenerated_store_with_another_file(tiny_dir, chats, tm
         pipeline.prepare(config(tiny_dir, chats, tmp_path / "m", **{"data.source": f"[{chats}]"}))
 
 
+def test_a_store_that_extends_another_reuses_its_whole_shards(tiny_dir, chats, tmp_path, monkeypatch):
+    old = pipeline.prepare(config(tiny_dir, chats, tmp_path / "old"))  # 18 records: shards of 4, the last partial
+    extra = tmp_path / "extra.jsonl"
+    extra.write_text("\n".join(chats.read_text().splitlines()[:9]))
+    sources = f"[{chats},{extra}]"
+    plain = pipeline.prepare(config(tiny_dir, chats, tmp_path / "plain", **{"data.source": sources}))
+    calls = []
+    real = pipeline.compute_records
+    monkeypatch.setattr(pipeline, "compute_records", lambda model, tokenized, *a: calls.append(len(tokenized)) or real(model, tokenized, *a))
+    reused = pipeline.prepare(config(tiny_dir, chats, tmp_path / "reused", **{"data.source": sources, "data.reuse": f"[{old}]"}))
+    a, b = read_manifest(plain), read_manifest(reused)
+    assert [s["sha256"] for s in a["shards"]] == [s["sha256"] for s in b["shards"]]  # the same bytes
+    assert b["source"] == a["source"] and b["throughput"]["reused_shards"] == 4  # the 4 whole shards of the 18 kept chats
+    assert len(calls) == len(b["shards"]) - 4
+    assert (tmp_path / "reused" / "shard-00000.safetensors").stat().st_ino == (old / "shard-00000.safetensors").stat().st_ino
+
+
+def test_a_store_for_another_target_is_not_reused(tiny_dir, chats, tmp_path, caplog):
+    old = pipeline.prepare(config(tiny_dir, chats, tmp_path / "old", **{"data.limit": 8}))
+    with caplog.at_level("WARNING", logger="data_prep"):
+        new = pipeline.prepare(config(tiny_dir, chats, tmp_path / "new", **{"data.limit": 8, "model.max_len": 512,
+                                                                           "data.reuse": f"[{old}]"}))
+    assert "differs from this store in max_len" in caplog.text and read_manifest(new)["throughput"]["reused_shards"] == 0
+    with pytest.raises(ValueError, match="not a complete feature store"):
+        pipeline.prepare(config(tiny_dir, chats, tmp_path / "x", **{"data.reuse": f"[{tmp_path / 'nothing'}]"}))
+
+
 def test_a_glob_that_finds_one_more_file_is_another_store(tiny_dir, chats, tmp_path):
     (tmp_path / "a-1.jsonl").write_text(chats.read_text())
     cfg = config(tiny_dir, chats, tmp_path / "s", **{"data.source": f"[{tmp_path / 'a-*.jsonl'}]"})

@@ -1,0 +1,98 @@
+"""Take finished shards from other stores instead of recomputing them (`data.reuse=[DIR, ...]`).
+
+A shard's features depend only on its records' tokens and on how the target ran: which
+model, dtype, stored layers, max_len, chat template and batch budget. When a new store's
+sources begin with the conversations of an older store (the same regenerated chats, then
+new files), its first shards hold the very same records, and recomputing them is a full
+target forward for nothing. Before computing shard k the pipeline asks `Donors.find` for
+a donor shard with the same token ids, loss masks and skip counts; if there is one, the
+file is hard-linked (or copied) into the new store.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from data_prep.store import read_manifest
+
+log = logging.getLogger("data_prep")
+
+# What must agree between a donor store and the store being built, besides the records.
+_SAME_TARGET = ("resolved_path", "dtype", "feature_layers", "max_len", "hidden_size")
+
+
+def fingerprint(ids: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor, skipped: dict) -> str:
+    """Hash of a shard's records: ids [N] int32, mask [N] uint8, lengths [R] int64, skip counts."""
+    h = hashlib.sha256()
+    for t in (lengths.to(torch.int64), ids.to(torch.int32), mask.to(torch.uint8)):
+        h.update(t.contiguous().numpy().tobytes())
+    h.update(json.dumps(dict(sorted(skipped.items()))).encode())
+    return h.hexdigest()
+
+
+def tokenized_fingerprint(tokenized: list[tuple[list[int], list[int]]], skipped: Counter) -> str:
+    """The fingerprint of the shard these tokenized records would become."""
+    ids = torch.tensor([i for t, _ in tokenized for i in t], dtype=torch.int32)
+    mask = torch.tensor([m for _, ms in tokenized for m in ms], dtype=torch.uint8)
+    lengths = torch.tensor([len(t) for t, _ in tokenized], dtype=torch.int64)
+    return fingerprint(ids, mask, lengths, dict(skipped))
+
+
+def file_fingerprint(path: Path) -> str:
+    with safe_open(str(path), framework="pt") as f:
+        offsets = f.get_tensor("offsets")
+        skipped = json.loads((f.metadata() or {}).get("skipped", "{}"))
+        return fingerprint(f.get_tensor("input_ids"), f.get_tensor("loss_mask"), offsets[1:] - offsets[:-1], skipped)
+
+
+class Donors:
+    """Shards of other complete stores, by fingerprint, that may stand in for new ones."""
+
+    def __init__(self, dirs, target: dict, template_sha: str, batch_tokens: int):
+        self.shards: dict[str, Path] = {}
+        for d in map(Path, dirs):
+            if self._usable(d, target, template_sha, batch_tokens):
+                for entry in read_manifest(d)["shards"]:
+                    self.shards.setdefault(file_fingerprint(d / entry["file"]), d / entry["file"])
+
+    @staticmethod
+    def _usable(d: Path, target: dict, template_sha: str, batch_tokens: int) -> bool:
+        m = read_manifest(d)
+        if m is None or not m.get("complete"):
+            raise ValueError(f"data.reuse: {d} is not a complete feature store")
+        theirs = m["target"]
+        differ = [k for k in _SAME_TARGET if theirs.get(k) != target.get(k)]
+        if m.get("chat_template_sha256") != template_sha:
+            differ.append("chat template")
+        if theirs.get("batch_tokens", batch_tokens) != batch_tokens:
+            differ.append("batch_tokens")
+        if differ:
+            log.warning("data.reuse: not reusing %s: it differs from this store in %s", d, ", ".join(differ))
+            return False
+        if "batch_tokens" not in theirs:
+            log.info("data.reuse: %s does not record its batch budget; taken to be data.batch_tokens=%d", d, batch_tokens)
+        return True
+
+    def find(self, tokenized: list[tuple[list[int], list[int]]], skipped: Counter) -> Path | None:
+        if not self.shards:
+            return None
+        return self.shards.get(tokenized_fingerprint(tokenized, skipped))
+
+
+def link_shard(src: Path, dst: Path) -> None:
+    """Put `src` at `dst` atomically: a hard link when the filesystem allows, else a copy."""
+    tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
+    try:
+        os.link(src, tmp)
+    except OSError:
+        shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
