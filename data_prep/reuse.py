@@ -67,8 +67,9 @@ class Donors:
     @staticmethod
     def _usable(d: Path, target: dict, template_sha: str, batch_tokens: int) -> bool:
         m = read_manifest(d)
-        if m is None or not m.get("complete"):
-            raise ValueError(f"data.reuse: {d} is not a complete feature store")
+        if m is None or not m.get("complete"):  # a speed-up only: computing instead is never wrong
+            log.warning("data.reuse: not reusing %s: it is not a complete feature store", d)
+            return False
         theirs = m["target"]
         differ = [k for k in _SAME_TARGET if theirs.get(k) != target.get(k)]
         if m.get("chat_template_sha256") != template_sha:

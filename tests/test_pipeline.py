@@ -151,14 +151,14 @@ def test_a_store_that_extends_another_reuses_its_whole_shards(tiny_dir, chats, t
     assert (tmp_path / "reused" / "shard-00000.safetensors").stat().st_ino == (old / "shard-00000.safetensors").stat().st_ino
 
 
-def test_a_store_for_another_target_is_not_reused(tiny_dir, chats, tmp_path, caplog):
+def test_a_store_for_another_target_or_unfinished_is_not_reused(tiny_dir, chats, tmp_path, caplog):
     old = pipeline.prepare(config(tiny_dir, chats, tmp_path / "old", **{"data.limit": 8}))
     with caplog.at_level("WARNING", logger="data_prep"):
         new = pipeline.prepare(config(tiny_dir, chats, tmp_path / "new", **{"data.limit": 8, "model.max_len": 512,
                                                                            "data.reuse": f"[{old}]"}))
+        pipeline.prepare(config(tiny_dir, chats, tmp_path / "x", **{"data.limit": 8, "data.reuse": f"[{tmp_path / 'none'}]"}))
     assert "differs from this store in max_len" in caplog.text and read_manifest(new)["throughput"]["reused_shards"] == 0
-    with pytest.raises(ValueError, match="not a complete feature store"):
-        pipeline.prepare(config(tiny_dir, chats, tmp_path / "x", **{"data.reuse": f"[{tmp_path / 'nothing'}]"}))
+    assert f"not reusing {tmp_path / 'none'}: it is not a complete feature store" in caplog.text  # computed instead
 
 
 def test_a_glob_that_finds_one_more_file_is_another_store(tiny_dir, chats, tmp_path):
