@@ -137,14 +137,17 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 TEMPLATE_DIR = Path(__file__).parent / "chat_templates"
 
 
-def load_target(target_dir: str | os.PathLike, dtype: str):
-    """The target as a frozen causal LM in eval mode on this process's device (`local_device`):
-    what data_prep runs for features and for regenerated replies. `dtype` is a torch dtype name."""
+def load_target(target_dir: str | os.PathLike, dtype, device=None, attn_implementation: str | None = None):
+    """The target as a frozen causal LM in eval mode: what data_prep runs for features and
+    replies, and the trainer's judge. `dtype` is a torch dtype or its name; `device` defaults
+    to this process's (`local_device`); `attn_implementation` to transformers' choice."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=getattr(torch, dtype))
-    return model.to(local_device()).eval().requires_grad_(False)
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype, **extra)
+    return model.to(device if device is not None else local_device()).eval().requires_grad_(False)
 
 
 def load_tokenizer(target_dir: str | os.PathLike, chat_template: str | None = None):

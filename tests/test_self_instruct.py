@@ -7,7 +7,13 @@ from transformers import AutoModelForCausalLM
 
 from data_prep.conversations import read_conversations
 from data_prep.regenerate import ReplyGenerator
-from data_prep.self_instruct import answer, question_prefix, read_openers, sample_questions, write_sharegpt
+from data_prep.self_instruct import (
+    answer,
+    question_prefix,
+    read_openers,
+    sample_questions,
+    write_sharegpt,
+)
 from eagle.targets import load_tokenizer
 
 

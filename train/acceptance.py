@@ -26,6 +26,7 @@ from torch import nn
 
 from eagle.checkpoint import Head, build_head
 from eagle.draft import DraftConfig
+from eagle.targets import load_target, load_tokenizer
 from eagle.tree import Choices
 
 log = logging.getLogger("train")
@@ -133,14 +134,12 @@ class Judge:
                         dtype: torch.dtype = torch.bfloat16, chat_template: str | None = None,
                         device: torch.device | str = "cpu") -> Judge:
         """Tokenize `texts` with the target's chat template now; load the target on first use."""
-        from eagle.targets import load_tokenizer
-
         try:
             tokenizer = load_tokenizer(target_dir, chat_template)
         except (OSError, ValueError) as e:
             raise ValueError(f"{target_dir}: no usable tokenizer with a chat template, which τ on chat prompts "
                              f"needs (set train.tau_every=0 to turn it off): {str(e).splitlines()[0]}") from e
-        return cls(encode_prompts(tokenizer, texts), lambda: _load_target(target_dir, dtype, device), max_new_tokens,
+        return cls(encode_prompts(tokenizer, texts), lambda: load_target(target_dir, dtype, device, attn_implementation="sdpa"), max_new_tokens,
                    tokenizer)
 
     @property
@@ -179,13 +178,6 @@ class Judge:
         with torch.random.fork_rng(devices=[]):  # DraftHead init and model loading draw from it
             head = head_from_state(state, config, self.dtype, draft_ids).to(self.target.device)
             return self.measure(head)
-
-
-def _load_target(target_dir: str | Path, dtype: torch.dtype, device: torch.device | str = "cpu") -> nn.Module:
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype, attn_implementation="sdpa")
-    return model.to(device).eval().requires_grad_(False)
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
