@@ -50,6 +50,7 @@ class ReadReport:
     skipped: Counter = field(default_factory=Counter)
     truncated: bool = False  # a JSON array that ends before its closing bracket
     truncated_bytes: int = 0  # bytes after the last whole record of a truncated JSON array
+    passed: int = 0  # records before the offset: neither read nor counted
     parts: list[ReadReport] = field(default_factory=list)  # one report per source when there are several
 
     def as_dict(self) -> dict:
@@ -58,6 +59,8 @@ class ReadReport:
             "skipped": dict(sorted(self.skipped.items())),
             "truncated": self.truncated, "truncated_bytes": self.truncated_bytes,
         }
+        if self.passed:
+            out["offset"] = self.passed
         if self.parts:
             out["parts"] = [p.as_dict() for p in self.parts]
         return out
@@ -67,6 +70,7 @@ class ReadReport:
         self.skipped.update(part.skipped)
         self.truncated = self.truncated or part.truncated
         self.truncated_bytes += part.truncated_bytes
+        self.passed += part.passed
         self.parts.append(part)
 
 
@@ -78,18 +82,19 @@ class Conversation:
 
 
 def read_conversations(source: str | Sequence[str], limit: int | None = None,
-                       split: str = "train") -> tuple[list[Conversation], ReadReport]:
+                       split: str = "train", offset: int = 0) -> tuple[list[Conversation], ReadReport]:
     """Read, validate and normalize up to `limit` records of `source`, or of several sources
-    read in order as one (indices then count across them)."""
+    read in order as one (indices then count across them), after passing over the first
+    `offset` records (a later slice of the same data: `offset=4096, limit=1024`)."""
     sources = expand_sources(source)
     if len(sources) == 1:
-        return _read_one(sources[0], limit, split)
+        return _read_one(sources[0], limit, split, offset)
     report, out = ReadReport(source=", ".join(sources)), []
     for one in sources:
         if limit is not None and report.read >= limit:
             break
-        part, part_report = _read_one(one, None if limit is None else limit - report.read, split)
-        out += [Conversation(report.read + c.index, c.id, c.messages) for c in part]
+        part, part_report = _read_one(one, None if limit is None else limit - report.read, split, offset - report.passed)
+        out += [Conversation(report.passed + report.read + c.index, c.id, c.messages) for c in part]
         report.add(part_report)
     return out, report
 
@@ -111,11 +116,14 @@ def expand_sources(source: str | Sequence[str]) -> list[str]:
     return out
 
 
-def _read_one(source: str, limit: int | None, split: str) -> tuple[list[Conversation], ReadReport]:
+def _read_one(source: str, limit: int | None, split: str, offset: int = 0) -> tuple[list[Conversation], ReadReport]:
     path, label = _locate(source)
     report = ReadReport(source=label)
     out: list[Conversation] = []
     for index, record in _records(path, label, split, report):
+        if index < offset:
+            report.passed += 1
+            continue
         if limit is not None and report.read >= limit:
             break
         report.read += 1

@@ -1,12 +1,13 @@
-"""Which target layers a store captures, as the Hydra config names them.
+"""Which target layers (and which slice of the data) a store captures, as the Hydra config names them.
 
 `model.feature_layers` lists `hidden_states` indices (data_prep/features.py): [-1] for
 EAGLE-1/2 heads; `head=eagle3` asks for the paper's low, middle and high layer plus the last
-one (whose `lm_head` gives the target distribution the EAGLE-3 loss needs). Two resolvers
+one (whose `lm_head` gives the target distribution the EAGLE-3 loss needs). Three resolvers
 keep the YAML short and the store directories apart:
 
     ${eagle3_layers:${model.num_layers}}   -> [2, N//2, N-3, -1]
     ${layers_tag:${model.feature_layers}}  -> "" for [-1], else "-layers2_15_27_-1"
+    ${offset_tag:${data.offset}}           -> "" for 0, else "-from4096" (records passed over)
 """
 
 from __future__ import annotations
@@ -31,7 +32,13 @@ def layers_tag(layers) -> str:
     return "" if layers == [-1] else "-layers" + "_".join(str(x) for x in layers)
 
 
+def offset_tag(offset) -> str:
+    """Suffix of the store directory: none from the first record, "-fromN" from record N."""
+    return f"-from{int(offset)}" if offset else ""
+
+
 def register_resolvers() -> None:
-    """Make both resolvers known to OmegaConf (idempotent)."""
+    """Make the resolvers known to OmegaConf (idempotent)."""
     OmegaConf.register_new_resolver("eagle3_layers", eagle3_layers, replace=True)
     OmegaConf.register_new_resolver("layers_tag", layers_tag, replace=True)
+    OmegaConf.register_new_resolver("offset_tag", offset_tag, replace=True)

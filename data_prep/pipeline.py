@@ -94,13 +94,16 @@ def config_key(cfg) -> str:
         "shard_records": int(cfg.data.shard_records), "regenerate": bool(cfg.data.regenerate),
         "regen": dict(cfg.data.regen) if cfg.data.regenerate else None,
     }
+    if cfg.data.get("offset"):  # only when set, so the keys of stores read from record 0 stay as they were
+        parts["offset"] = int(cfg.data.offset)
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
 def _job(cfg, out: Path, rank: int, world: int) -> Job:
     target_dir = resolve_target(cfg.model.path)
     tokenizer = load_tokenizer(target_dir, cfg.model.chat_template)
-    conversations, report = read_conversations(cfg.data.source, cfg.data.limit, cfg.data.get("split", "train"))
+    conversations, report = read_conversations(cfg.data.source, cfg.data.limit, cfg.data.get("split", "train"),
+                                              int(cfg.data.get("offset") or 0))
     source = report.as_dict()
     if report.truncated:
         log.warning("%s is truncated: recovered %d whole records, dropped the last %d bytes (one partial record)",

@@ -143,6 +143,11 @@ def test_several_sources_read_in_order_as_one(tmp_path):
     convs, report = read_conversations(sources, limit=8)  # the limit counts across sources
     assert [c.id for c in convs] == ["a", "b", "e", "r0", "r1"] and report.read == 8
     assert len(report.parts) == 2  # the last chunk was never opened
+    convs, report = read_conversations(sources, offset=4, limit=3)  # a later slice, across sources too
+    assert [(c.id, c.index) for c in convs] == [("e", 4), ("r0", 6)] and report.read == 3
+    assert report.as_dict()["offset"] == 4 and report.skipped["no assistant reply"] == 1
+    convs, report = read_conversations(sources, offset=7)  # the first file is passed over whole
+    assert [(c.id, c.index) for c in convs] == [("r1", 7), ("r2", 8), ("r3", 9)] and report.read == 3
 
 
 def test_a_glob_that_matches_nothing_is_an_error(tmp_path):
