@@ -1,4 +1,4 @@
-"""The EAGLE-1/2 draft head: `fc` over (token embedding, feature) plus one decoder layer.
+"""The EAGLE-1/2 draft head: `fc` over (token embedding, feature) plus one decoder layer (or a few).
 
 The head predicts the target's next *feature* (last hidden state after the final norm, the
 input of `lm_head`). Position t takes (f_t, x_{t+1}) and predicts f_{t+1}; the token
@@ -10,6 +10,11 @@ so `state_dict()` holds exactly the EAGLE key names (`fc.*`, `layers.0.*`).
 The attention is written out (about 30 lines) rather than borrowed from a HF decoder layer
 so that the KV cache is explicit: the decoder appends tree nodes and later crops back to the
 committed prefix, which is a slice of two tensors.
+
+EAGLE's heads have one decoder layer; `num_hidden_layers` > 1 stacks more, as EAGLE's own
+code allows (layers after the first normalise their input: `layers.1.input_layernorm`). Their
+caches travel as one: layer i owns KV heads [i*kvH, (i+1)*kvH) of the returned tensors, so the
+decoder and the trainer handle a deeper head's cache exactly like a one-layer head's.
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ class DraftConfig:
     max_position_embeddings: int = 4096
     attention_bias: bool = False
     hidden_act: str = "silu"
+    num_hidden_layers: int = 1  # decoder layers of an EAGLE-1/2 head (EAGLE: 1)
     fc_bias: bool = True
     target: str = ""
     # Target hidden_states indices the head reads ([-1] = the last, post-norm: EAGLE-1/2).
@@ -199,20 +205,25 @@ class DraftAttention(nn.Module):
 
 
 class DraftLayer(nn.Module):
-    """A Llama decoder layer without the input norm (its input is already a normed feature).
+    """A Llama decoder layer; the first layer of a head has no input norm (its input is `fc`'s
+    output), deeper ones do (`norm_input`), as in a Llama stack.
 
     `residual` is what attention and MLP add to; by default the attention input itself (EAGLE-3
     attends over a wider input than its residual stream, eagle/draft3.py)."""
 
-    def __init__(self, cfg: DraftConfig, in_features: int | None = None):
+    def __init__(self, cfg: DraftConfig, in_features: int | None = None, norm_input: bool = False):
         super().__init__()
+        self.norm_input = norm_input
+        if norm_input:
+            self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.self_attn = DraftAttention(cfg, in_features)
         self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg.llama_config())
 
     def forward(self, x, cos_sin, mask, past, residual=None):  # [B, S, in] -> [B, S, H]
-        attn, kv = self.self_attn(x, cos_sin, mask, past)
-        x = (x if residual is None else residual) + attn
+        residual = x if residual is None else residual
+        attn, kv = self.self_attn(self.input_layernorm(x) if self.norm_input else x, cos_sin, mask, past)
+        x = residual + attn
         return x + self.mlp(self.post_attention_layernorm(x)), kv
 
 
@@ -223,7 +234,7 @@ class DraftHead(nn.Module):
         super().__init__()
         self.config = cfg
         self.fc = nn.Linear(2 * cfg.hidden_size, cfg.hidden_size, bias=cfg.fc_bias)
-        self.layers = nn.ModuleList([DraftLayer(cfg)])
+        self.layers = nn.ModuleList([DraftLayer(cfg, norm_input=i > 0) for i in range(cfg.num_hidden_layers)])
         self._rope = DraftRope(cfg)
         # Target ids the draft may propose, most frequent first ([N] long), or None = all.
         # Saved by eagle.checkpoint as EAGLE-3's d2t/t2d, so not part of state_dict().
@@ -237,12 +248,18 @@ class DraftHead(nn.Module):
         mask: torch.Tensor | None = None,  # [B or 1, 1, S, P+S] additive; None = causal
         past: KVCache | None = None,
     ) -> tuple[torch.Tensor, KVCache]:
-        """Return predicted features f̂_{t+1} [B, S, H] and the KV cache extended by S rows."""
+        """Return predicted features f̂_{t+1} [B, S, H] and the KV cache extended by S rows
+        ([B, layers*kvH, P+S, D] each: the layers' KV heads side by side)."""
         dtype = self.fc.weight.dtype
         x = self.fc(torch.cat([token_embeds.to(dtype), features.to(dtype)], dim=-1))
         cos_sin = self._rope(x, position_ids)
         if mask is not None:
             mask = mask.to(x.dtype)
-        for layer in self.layers:
-            x, past = layer(x, cos_sin, mask, past)
-        return x, past
+        if len(self.layers) == 1:
+            return self.layers[0](x, cos_sin, mask, past)
+        pasts = [None] * len(self.layers) if past is None else list(zip(*(t.chunk(len(self.layers), dim=1) for t in past)))
+        caches = []
+        for layer, layer_past in zip(self.layers, pasts):
+            x, kv = layer(x, cos_sin, mask, layer_past)
+            caches.append(kv)
+        return x, (torch.cat([k for k, _ in caches], dim=1), torch.cat([v for _, v in caches], dim=1))

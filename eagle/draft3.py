@@ -50,6 +50,8 @@ class Eagle3Head(nn.Module):
         super().__init__()
         if not cfg.draft_vocab_size:
             raise ValueError("an EAGLE-3 head needs draft_vocab_size (the rows of its lm_head)")
+        if cfg.num_hidden_layers != 1:
+            raise ValueError(f"an EAGLE-3 head has one decoder layer, got num_hidden_layers={cfg.num_hidden_layers}")
         self.config = cfg
         h, n_layers = cfg.hidden_size, len(cfg.feature_layers) or 3
         if n_layers < 2:  # `forward` tells fused inputs from its own states by their width

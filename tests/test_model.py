@@ -25,9 +25,11 @@ TREES = {
 }
 
 
-def random_head(target, seed: int = 0) -> DraftHead:
+def random_head(target, seed: int = 0, layers: int = 1) -> DraftHead:
     torch.manual_seed(seed)
-    return DraftHead(DraftConfig.from_target_config(target.config)).eval()
+    cfg = DraftConfig.from_target_config(target.config)
+    cfg.num_hidden_layers = layers
+    return DraftHead(cfg).eval()
 
 
 def near_bigram_pair(seed: int, vocab_size: int = 128, coupling: float = 0.15):
@@ -71,7 +73,7 @@ def hf_greedy(target, ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
 @pytest.mark.parametrize("seed", range(8))
 def test_greedy_equals_hf_generate_random_head(seed, tree):
     target = tiny_llama(seed)
-    model = EaModel(target, random_head(target, seed + 10), **TREES[tree])
+    model = EaModel(target, random_head(target, seed + 10, layers=1 + seed % 2), **TREES[tree])  # odd seeds: 2 layers
     for p in range(2):
         ids = prompt(10 * seed + p, 3 + 4 * p)
         ref = hf_greedy(target, ids, 24)
@@ -146,13 +148,15 @@ def test_drafted_nodes_follow_causal_head_passes(seed):
                 assert int(tree.tokens[node]) == int(logp.topk(rank + 1).indices[rank])
 
 
-def test_draft_cache_feed_equals_causal_head_passes():
+@pytest.mark.parametrize("layers", [1, 2])
+def test_draft_cache_feed_equals_causal_head_passes(layers):
     """Rows fed under the drafting tree mask equal a causal head pass along each node's path."""
     target = tiny_llama(3)
-    head = random_head(target, 3)
+    head = random_head(target, 3, layers)
     with torch.no_grad():  # sharper attention, so masks and positions visibly matter
-        head.layers[0].self_attn.q_proj.weight.mul_(8)
-        head.layers[0].self_attn.k_proj.weight.mul_(8)
+        for layer in head.layers:
+            layer.self_attn.q_proj.weight.mul_(8)
+            layer.self_attn.k_proj.weight.mul_(8)
     model = EaModel(target, head)
     state, _ = model._prefill(prompt(1, 6), SamplingParams())
     drafts = _DraftCache(state)
@@ -271,6 +275,23 @@ def write_eagle_layout(directory, head: DraftHead, target) -> None:
     state = dict(head.state_dict())
     state["embed_tokens.weight"] = target.get_input_embeddings().weight.detach().clone()
     torch.save(state, directory / "pytorch_model.bin")
+
+
+def test_a_two_layer_head_round_trips_and_stays_lossless(tmp_path):
+    """A deeper head saves EAGLE's key names for its second layer (with its input norm) and decodes losslessly."""
+    target = tiny_llama(5)
+    head = random_head(target, 5, layers=2)
+    save_head(tmp_path / "head", head, dtype=torch.float32)
+    loaded = load_head(tmp_path / "head")
+    assert loaded.config.num_hidden_layers == 2 and "layers.1.input_layernorm.weight" in loaded.state_dict()
+    assert "layers.0.input_layernorm.weight" not in loaded.state_dict()  # the first layer reads fc's output as is
+    for key, value in head.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    model = EaModel(target, loaded, total_token=10, depth=4, top_k=3)
+    ids = prompt(4, 6)
+    assert torch.equal(model.eagenerate(ids, max_new_tokens=20), hf_greedy(target, ids, 20))
+    past = model._prefill(ids, SamplingParams())[0].head_past
+    assert past[0].shape[1] == 2 * head.config.num_key_value_heads  # both layers' KV heads, side by side
 
 
 @pytest.mark.parametrize("layout", ["ours", "eagle"])

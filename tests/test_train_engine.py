@@ -230,6 +230,28 @@ def test_head_mlp_widens_init_head_without_changing_what_it_computes(tiny, tmp_p
         Trainer(make_cfg(tiny, tmp_path / "d", f"train.init_head={start}", f"train.head_mlp={units // 2}"))
 
 
+def test_head_layers_deepens_init_head_without_changing_what_it_computes(tiny, tmp_path):
+    """train.head_layers above init_head's: the new layer starts as the identity (the same
+    held-out losses as init_head), learns, and the deeper head fine-tunes as deep by default."""
+    start = Trainer(make_cfg(tiny, tmp_path / "a", "train.max_steps=4")).fit().head_dir
+    same = Trainer(make_cfg(tiny, tmp_path / "b", "train.max_steps=1", f"train.init_head={start}"))
+    deep = Trainer(make_cfg(tiny, tmp_path / "c", "train.max_steps=6", f"train.init_head={start}", "train.head_layers=2"))
+    state = deep.engine.module.state_dict()
+    assert not state["layers.1.self_attn.o_proj.weight"].any() and not state["layers.1.mlp.down_proj.weight"].any()
+    expected, got = same.evaluate(), deep.evaluate()
+    for key in ("feature_loss", "token_loss", "top1"):
+        assert got[key] == pytest.approx(expected[key], rel=1e-5, abs=1e-6), key
+
+    deeper = deep.fit().head_dir
+    head = load_head(deeper)
+    assert head.config.num_hidden_layers == 2
+    assert head.state_dict()["layers.1.mlp.down_proj.weight"].abs().sum() > 0
+    again = Trainer(make_cfg(tiny, tmp_path / "d", "train.max_steps=1", f"train.init_head={deeper}"))
+    assert len(again.engine.module.layers) == 2  # head_layers=null keeps init_head's depth
+    with pytest.raises(ValueError, match="only be deepened"):
+        Trainer(make_cfg(tiny, tmp_path / "e", f"train.init_head={deeper}", "train.head_layers=1"))
+
+
 def test_training_time_test_trains(tiny, tmp_path):
     """train.ttt_steps=3 runs through DeepSpeed and lowers the loss; metrics stay the plain pass's."""
     trainer = Trainer(make_cfg(tiny, tmp_path, "train.max_steps=20", "train.ttt_steps=3", "train.draft_vocab=64"))

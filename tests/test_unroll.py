@@ -19,8 +19,10 @@ def head_and_inputs(kind: str):
     """(head, width of its committed-row inputs): EAGLE-1/2 reads H-wide features, EAGLE-3 the
     three fused layers (3H wide) on committed rows and its own H-wide states on draft rows."""
     torch.manual_seed(0)
-    if kind == "eagle2":
-        head = DraftHead(DraftConfig.from_target_config(tiny_llama(0).config)).eval()
+    if kind.startswith("eagle2"):  # "eagle2x2": two decoder layers
+        cfg = DraftConfig.from_target_config(tiny_llama(0).config)
+        cfg.num_hidden_layers = int(kind.partition("x")[2] or 1)
+        head = DraftHead(cfg).eval()
         return head, head.config.hidden_size
     from test_eagle3 import random_eagle3_head
 
@@ -28,7 +30,7 @@ def head_and_inputs(kind: str):
     return head, 3 * head.config.hidden_size
 
 
-@pytest.mark.parametrize("kind", ["eagle2", "eagle3"])
+@pytest.mark.parametrize("kind", ["eagle2", "eagle2x2", "eagle3"])
 @pytest.mark.parametrize("steps", [2, 3])
 def test_unrolled_pass_equals_inference_chain(steps, kind):
     head, width = head_and_inputs(kind)
@@ -36,7 +38,7 @@ def test_unrolled_pass_equals_inference_chain(steps, kind):
     feats, embeds = torch.randn(b, s, width), torch.randn(b, s, h)
     pos = torch.arange(s).expand(b, -1)
     with torch.no_grad():
-        outs = unrolled_forward(head, feats, embeds, pos, steps, detach=kind == "eagle2")
+        outs = unrolled_forward(head, feats, embeds, pos, steps, detach=kind != "eagle3")
         for i in range(1, steps):
             for j in range(i, s):
                 c = j - i + 1  # committed rows 0 .. j-i (true features)

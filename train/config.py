@@ -22,6 +22,7 @@ class TrainConfig:
     lr: float = 3e-5
     init_head: str | None = None  # start from an exported head's weights (fine-tuning)
     head_mlp: int | None = None  # intermediate size of the head's MLP (None = the target's); widens init_head's
+    head_layers: int | None = None  # decoder layers of an EAGLE-1/2 head (None = init_head's, else 1); deepens init_head
     draft_vocab: int | None = None  # token loss over the N most frequent training tokens only (None = all)
     ttt_steps: int = 1  # training-time test: passes of the head over its own predictions (1 = plain EAGLE)
     ttt_decay: float = 0.8  # loss weight of pass i is ttt_decay**i
@@ -103,6 +104,8 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise ValueError("train.ttt_steps must be >= 1 (1 = plain EAGLE training)")
     if t.head_mlp is not None and t.head_mlp < 1:
         raise ValueError(f"train.head_mlp must be a positive MLP width, got {t.head_mlp}")
+    if t.head_layers is not None and t.head_layers < 1:
+        raise ValueError(f"train.head_layers must be a positive number of decoder layers, got {t.head_layers}")
     if t.topk < 1:
         raise ValueError("train.topk must be >= 1")
     if t.tau_every < 0 or t.tau_num_prompts < 1 or t.tau_max_new_tokens < 1:

@@ -33,9 +33,12 @@ def _architecture(info: CardInfo) -> str:
         return (f"An EAGLE-3 draft head (fc over three target layers, one decoder layer, its own lm_head over a "
                 f"{info.config.get('draft_vocab')}-token draft vocabulary mapped by `d2t`/`t2d`) for lossless "
                 f"speculative decoding of `{info.target}`. The token embedding is the target's and is not stored here.")
-    return (f"An EAGLE-1/2 draft head (one decoder layer over the target's last hidden state) for lossless\n"
+    n = int(info.config.get("head_layers") or 1)
+    layers = "one decoder layer" if n == 1 else f"{n} decoder layers"
+    keys = "`layers.0.*`" if n == 1 else f"`layers.0.*` to `layers.{n - 1}.*`"
+    return (f"An EAGLE-1/2 draft head ({layers} over the target's last hidden state) for lossless\n"
             f"speculative decoding of `{info.target}`. The token embedding and `lm_head` are the target's\n"
-            f"and are not stored here: `model.safetensors` holds only `fc.*` and `layers.0.*`.")
+            f"and are not stored here: `model.safetensors` holds only `fc.*` and {keys}.")
 
 
 def _loss(info: CardInfo) -> str:

@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from data_prep.store import FeatureStore
-from eagle.checkpoint import Head, build_head, load_head, vocab_tensors
+from eagle.checkpoint import Head, build_head, load_head, resolve_head_dir, vocab_tensors
 from eagle.draft import DraftConfig
 from eagle.targets import local_device
 from train.acceptance import Judge, held_back_prompts
@@ -343,7 +343,9 @@ class Trainer:
             data=f"{self.cfg.data.name} ({self.cfg.store_dir})",
             store_records=int(m.get("records", len(self.store))), store_tokens=int(m.get("tokens", 0)),
             steps=self.step, epochs=self.step / self.steps_per_epoch, metrics=metrics,
-            config=OmegaConf.to_container(self.cfg.train, resolve=True), code_version=code_version(),
+            config={**OmegaConf.to_container(self.cfg.train, resolve=True),
+                    "head_layers": self.draft_config.num_hidden_layers},  # null resolved: init_head's depth
+            code_version=code_version(),
         )
 
     # ---------------------------------------------------------------- logging
@@ -419,6 +421,10 @@ def _draft_config(target_dir: Path, cfg: DictConfig) -> DraftConfig:
     draft = DraftConfig.from_target_config(target_cfg, target=str(cfg.model.path), feature_layers=[-1])
     if cfg.train.get("head_mlp"):
         draft.intermediate_size = int(cfg.train.head_mlp)
+    if cfg.train.get("head_layers"):
+        draft.num_hidden_layers = int(cfg.train.head_layers)
+    elif cfg.train.get("init_head") and kind == "eagle2":  # fine-tuning keeps the start's depth
+        draft.num_hidden_layers = DraftConfig.from_json(resolve_head_dir(cfg.train.init_head) / "config.json").num_hidden_layers
     if kind == "eagle3":
         fused = [int(i) for i in cfg.model.feature_layers if int(i) != -1]
         if len(fused) < 2 or -1 not in list(cfg.model.feature_layers):
@@ -513,10 +519,30 @@ def _initial_head(config: DraftConfig, init_head: str | None) -> Head:
         if start.config.intermediate_size > config.intermediate_size:
             raise ValueError(f"train.init_head={init_head}: its MLP has {start.config.intermediate_size} units, "
                              f"more than train.head_mlp={config.intermediate_size}; a head can only be widened")
-        head.load_state_dict(widen_mlp(start.state_dict(), head.state_dict()))
-        log.info("initialised the head from %s (MLP %d -> %d units)", init_head,
-                 start.config.intermediate_size, config.intermediate_size)
+        if start.config.num_hidden_layers > config.num_hidden_layers:
+            raise ValueError(f"train.init_head={init_head}: it has {start.config.num_hidden_layers} decoder layers, "
+                             f"more than train.head_layers={config.num_hidden_layers}; a head can only be deepened")
+        fresh = head.state_dict()
+        head.load_state_dict(deepen(widen_mlp(start.state_dict(), fresh), fresh))
+        log.info("initialised the head from %s (MLP %d -> %d units, %d -> %d layers)", init_head,
+                 start.config.intermediate_size, config.intermediate_size,
+                 start.config.num_hidden_layers, config.num_hidden_layers)
     return head
+
+
+def deepen(start: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`start`'s weights plus the decoder layers only `fresh` has, each made the identity.
+
+    A new layer keeps `fresh`'s random weights but zero `o_proj` and `down_proj`, so both of its
+    residual branches add nothing: the deeper head computes exactly what `start` computed, and
+    the new layer learns from the first step (the gradients of those two matrices are not zero)."""
+    out = dict(start)
+    for key, new in fresh.items():
+        if key in start or not key.startswith("layers."):
+            continue  # a key missing outside the layers is load_state_dict's to report
+        zero = key.endswith(("self_attn.o_proj.weight", "self_attn.o_proj.bias", "mlp.down_proj.weight"))
+        out[key] = torch.zeros_like(new) if zero else new
+    return out
 
 
 def widen_mlp(start: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
