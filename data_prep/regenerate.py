@@ -69,16 +69,16 @@ class ReplyGenerator:
         for turn in range(max((len(u) for u in users), default=0)):
             active = [i for i in active if turn < len(users[i])]
             prompts = {i: done[i] + [users[i][turn]] for i in active}
-            replies = self.replies(prompts)
+            replies = self.replies(prompts, bar)
             active = [i for i in active if i in replies]  # too long to continue: stop that conversation
             for i in active:
                 done[i] += [users[i][turn], {"role": "assistant", "content": replies[i]}]
-            bar.update(len(prompts))
         bar.close()
         return [Conversation(c.index, c.id, d) for c, d in zip(chunk, done) if any(m["role"] == "assistant" for m in d)]
 
-    def replies(self, prompts: dict[int, list[dict]]) -> dict[int, str]:
-        """One reply per prompt whose rendering fits in max_len; batched by length."""
+    def replies(self, prompts: dict[int, list[dict]], bar: tqdm | None = None) -> dict[int, str]:
+        """One reply per prompt whose rendering fits in max_len; batched by length. `bar` counts
+        the prompts as their batches finish, with the reply tokens/s so far."""
         encoded = {}
         for i, messages in prompts.items():
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
@@ -90,6 +90,11 @@ class ReplyGenerator:
             batch = order[b:b + self.regen.batch_size]
             for i, text in zip(batch, self.decode_batch([encoded[i] for i in batch])):
                 out[i] = text
+            if bar is not None:
+                bar.update(len(batch))
+                bar.set_postfix(tok_s=f"{self.tokens_per_s:.0f}")
+        if bar is not None:
+            bar.update(len(prompts) - len(encoded))  # too long to answer
         return out
 
     @torch.inference_mode()
