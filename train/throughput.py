@@ -55,7 +55,7 @@ def measure(cfg: DictConfig, steps: int = 20, warmup: int = 3) -> dict[str, floa
     with tempfile.TemporaryDirectory(prefix="eagle-throughput-") as out:
         with open_dict(cfg):
             cfg.output_dir = out
-            cfg.train.update(max_steps=warmup + steps, stop_after=None, save_every=0, eval_every=0,
+            cfg.train.update(max_steps=warmup + steps, stop_after=None, save_every=0, eval_every=0, tau_every=0,
                              resume="none", eval_max_batches=1, log_every=10**9, progress=False)
             cfg.wandb.mode = "disabled"
         trainer = Trainer(cfg)
