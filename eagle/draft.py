@@ -255,11 +255,16 @@ class DraftHead(nn.Module):
         cos_sin = self._rope(x, position_ids)
         if mask is not None:
             mask = mask.to(x.dtype)
-        if len(self.layers) == 1:
-            return self.layers[0](x, cos_sin, mask, past)
-        pasts = [None] * len(self.layers) if past is None else list(zip(*(t.chunk(len(self.layers), dim=1) for t in past)))
-        caches = []
+        n = len(self.layers)
+        pasts = [None] * n if past is None else zip(*(t.chunk(n, dim=1) for t in past))  # per layer (k, v)
+        keys, values = [], []
         for layer, layer_past in zip(self.layers, pasts):
-            x, kv = layer(x, cos_sin, mask, layer_past)
-            caches.append(kv)
-        return x, (torch.cat([k for k, _ in caches], dim=1), torch.cat([v for _, v in caches], dim=1))
+            x, (k, v) = layer(x, cos_sin, mask, layer_past)
+            keys.append(k)
+            values.append(v)
+        return x, (_side_by_side(keys), _side_by_side(values))
+
+
+def _side_by_side(per_layer: list[torch.Tensor]) -> torch.Tensor:
+    """The layers' [B, kvH, S, D] caches as one [B, layers*kvH, S, D] (a one-layer head's as it is)."""
+    return per_layer[0] if len(per_layer) == 1 else torch.cat(per_layer, dim=1)
