@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
 from conftest import tiny_llama
-from eagle.checkpoint import load_head
+from eagle.checkpoint import load_head, write_draft_vocab
 from train.config import validate
 from train.engine import free_port
 from train.testing import write_tiny_store
@@ -207,6 +207,23 @@ def test_reduced_draft_vocabulary_and_init_head(tiny, tmp_path):
     start = second.engine.module.state_dict()
     for key, value in head.state_dict().items():
         assert torch.equal(start[key].to(value.dtype), value), key
+
+
+def test_fine_tuning_keeps_the_starting_heads_vocabulary_beyond_the_stores_tokens(tiny, tmp_path):
+    """A store that sees fewer distinct tokens than train.draft_vocab: the vocabulary is the
+    store's tokens, most frequent first, then the starting head's tokens the store never saw."""
+    first = Trainer(make_cfg(tiny, tmp_path / "a", "train.max_steps=1"))
+    seen = first.vocab_ids  # the tiny store's tokens are ids >= 3: 0, 1 and 2 are never seen
+    assert not torch.isin(torch.tensor([0, 1, 2]), seen).any()
+    head_dir = first.fit().head_dir
+    write_draft_vocab(head_dir, torch.cat([torch.tensor([2, 0, 1]), seen]))
+
+    size = seen.numel() + 2
+    second = Trainer(make_cfg(tiny, tmp_path / "b", "train.max_steps=1", f"train.init_head={head_dir}",
+                              f"train.draft_vocab={size}"))
+    assert torch.equal(second.vocab_ids, torch.cat([seen, torch.tensor([2, 0])]))
+    assert torch.equal(second.loss_lm_head, second.frozen.lm_head[second.vocab_ids])
+    assert torch.equal(load_head(second.fit().head_dir).draft_ids, second.vocab_ids)
 
 
 def test_head_mlp_widens_init_head_without_changing_what_it_computes(tiny, tmp_path):

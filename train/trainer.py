@@ -42,7 +42,7 @@ from train.frozen import Frozen, load_frozen
 from train.loss import (LossOutput, Pairs, eagle3_loss, eagle_loss, make_pairs, pass_mask, summarize, uniform_noise,
                         vocab_target)
 from train.unroll import unrolled_forward
-from train.vocab import coverage, draft_ids, token_counts
+from train.vocab import coverage, draft_ids, token_counts, top_up
 
 log = logging.getLogger("train")
 CHECKPOINTS = "checkpoints"
@@ -88,7 +88,12 @@ class Trainer:
                 self.vocab_ids.to(self.device),
                 vocab_tensors(self.vocab_ids, self.draft_config.vocab_size)["t2d"].to(self.device))
         else:
-            self.vocab_ids = draft_ids(self.token_counts)  # [seen] target ids, most frequent first
+            # [seen] target ids, most frequent first, topped up from the starting head's vocabulary
+            seen = draft_ids(self.token_counts)
+            self.vocab_ids = top_up(seen, _stored_vocab(t.init_head), t.draft_vocab)
+            if self.vocab_ids.numel() > seen.numel():
+                log.info("draft vocabulary: the store sees %d tokens; %d more come from train.init_head",
+                         seen.numel(), self.vocab_ids.numel() - seen.numel())
         self.loss_lm_head = self._loss_lm_head(t.draft_vocab)  # [Vd, H] rows the EAGLE-1/2 token loss uses
         self.plan = BatchPlan(self.train_idx, self.lengths, t.batch_tokens, cfg.seed, self.rank, self.world)
         self.steps_per_epoch = max(1, self.plan.per_epoch // t.grad_accum)
@@ -528,6 +533,11 @@ def _initial_head(config: DraftConfig, init_head: str | None) -> Head:
                  start.config.intermediate_size, config.intermediate_size,
                  start.config.num_hidden_layers, config.num_hidden_layers)
     return head
+
+
+def _stored_vocab(init_head: str | None) -> torch.Tensor | None:
+    """The draft vocabulary [N] stored with the starting head, if it has one."""
+    return load_head(init_head).draft_ids if init_head else None
 
 
 def deepen(start: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

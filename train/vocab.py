@@ -43,6 +43,17 @@ def draft_ids(counts: torch.Tensor, size: int | None = None, seen_only: bool = T
     return order[:size] if size else order
 
 
+def top_up(ids: torch.Tensor, extra: torch.Tensor | None, size: int | None) -> torch.Tensor:
+    """`ids`, then the ids of `extra` it lacks (in `extra`'s order) until there are `size`. [M] long
+
+    A small store sees fewer distinct tokens than the draft vocabulary holds; a head fine-tuned
+    on it keeps the rest of its starting head's vocabulary instead of losing those tokens."""
+    if extra is None or not size or ids.numel() >= size:
+        return ids
+    missing = extra[~torch.isin(extra, ids)]
+    return torch.cat([ids, missing[: size - ids.numel()].to(ids.dtype)])
+
+
 def coverage(counts: torch.Tensor, sizes: Iterable[int]) -> dict[int, float]:
     """Fraction of counted tokens inside the top-N ids, for each N."""
     ranked = torch.sort(counts, descending=True).values.cumsum(0).double()
