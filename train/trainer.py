@@ -80,6 +80,7 @@ class Trainer:
         self.lengths = self.store.lengths()
         self.train_idx, self.eval_idx = split_indices(self.lengths, t.eval_fraction, cfg.seed)
         self.token_counts = token_counts(self.store, self.train_idx, self.draft_config.vocab_size)  # [V]
+        start = load_head(t.init_head, dtype=torch.float32) if t.init_head else None  # fine-tuning's starting head
         if self.eagle3:  # exactly the lm_head's rows, or None for the whole vocabulary
             vd = self.draft_config.draft_vocab_size
             self.vocab_ids = draft_ids(self.token_counts, vd, seen_only=False) if vd < self.draft_config.vocab_size else None
@@ -90,7 +91,7 @@ class Trainer:
         else:
             # [seen] target ids, most frequent first, topped up from the starting head's vocabulary
             seen = draft_ids(self.token_counts)
-            self.vocab_ids = top_up(seen, _stored_vocab(t.init_head), t.draft_vocab)
+            self.vocab_ids = top_up(seen, start.draft_ids if start else None, t.draft_vocab)
             if self.vocab_ids.numel() > seen.numel():
                 log.info("draft vocabulary: the store sees %d tokens; %d more come from train.init_head",
                          seen.numel(), self.vocab_ids.numel() - seen.numel())
@@ -99,7 +100,7 @@ class Trainer:
         self.steps_per_epoch = max(1, self.plan.per_epoch // t.grad_accum)
         self.total_steps = int(t.max_steps or t.epochs * self.steps_per_epoch)
         torch.manual_seed(cfg.seed)
-        self.engine = build_engine(self._initial_head(), cfg, self.total_steps)
+        self.engine = build_engine(self._initial_head(start), cfg, self.total_steps)
         self.step = 0  # optimizer steps done
         self.wandb_id: str | None = None
         self.step_times: list[tuple[int, float]] = []  # (pairs on this rank, seconds) per step
@@ -119,12 +120,12 @@ class Trainer:
         log.info("draft vocabulary: %d tokens cover %.4f of the training tokens", size, share)
         return self.frozen.lm_head[self.vocab_ids[:size].to(self.device)].contiguous()
 
-    def _initial_head(self) -> Head:
+    def _initial_head(self, start: Head | None) -> Head:
         """A fresh head, or one starting from an exported head's weights (fine-tuning; resume wins over
         both). train.init_lm_head: a fresh EAGLE-3 head's lm_head starts as the target's rows of its draft
         vocabulary and its final norm as the target's, so its output space is the target's from step 0."""
         t = self.cfg.train
-        head = _initial_head(self.draft_config, t.init_head)
+        head = _initial_head(self.draft_config, start, t.init_head)
         if self.eagle3 and t.init_lm_head and not t.init_head:
             with torch.no_grad():  # loss_lm_head: the target's rows of exactly these draft ids
                 head.lm_head.weight.copy_(self.loss_lm_head.float())
@@ -510,11 +511,10 @@ def code_version() -> str:
     return commit + ("-dirty" if dirty else "")
 
 
-def _initial_head(config: DraftConfig, init_head: str | None) -> Head:
-    """A fresh head, or one starting from an exported head's weights (fine-tuning)."""
+def _initial_head(config: DraftConfig, start: Head | None, init_head: str | None) -> Head:
+    """A fresh head, or one starting from `start`, the exported head `init_head` (fine-tuning)."""
     head = build_head(config)
-    if init_head:
-        start = load_head(init_head, dtype=torch.float32)
+    if start is not None:
         if start.config.architecture != config.architecture:
             raise ValueError(f"train.init_head={init_head}: an {start.config.architecture} head cannot start "
                              f"an {config.architecture} run")
@@ -533,11 +533,6 @@ def _initial_head(config: DraftConfig, init_head: str | None) -> Head:
                  start.config.intermediate_size, config.intermediate_size,
                  start.config.num_hidden_layers, config.num_hidden_layers)
     return head
-
-
-def _stored_vocab(init_head: str | None) -> torch.Tensor | None:
-    """The draft vocabulary [N] stored with the starting head, if it has one."""
-    return load_head(init_head).draft_ids if init_head else None
 
 
 def deepen(start: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
