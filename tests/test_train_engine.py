@@ -269,6 +269,22 @@ def test_head_layers_deepens_init_head_without_changing_what_it_computes(tiny, t
         Trainer(make_cfg(tiny, tmp_path / "e", f"train.init_head={deeper}", "train.head_layers=1"))
 
 
+def test_new_lr_trains_the_added_layer_at_its_own_rate(tiny, tmp_path):
+    """train.new_lr: the layers a deepened init_head lacks get their own param group; at train.lr=0
+    the starting layer stays exactly init_head's while the new one learns."""
+    start_dir = Trainer(make_cfg(tiny, tmp_path / "a", "train.max_steps=3")).fit().head_dir
+    deep = Trainer(make_cfg(tiny, tmp_path / "b", "train.max_steps=4", f"train.init_head={start_dir}",
+                            "train.head_layers=2", "train.lr=0", "train.new_lr=1e-2"))
+    groups = deep.engine.optimizer.param_groups
+    assert len(groups) == 2 and groups[0]["initial_lr"] == 0 and groups[1]["initial_lr"] == 1e-2
+    fitted = load_head(deep.fit().head_dir).state_dict()
+    start = load_head(start_dir).state_dict()
+    assert torch.equal(fitted["layers.0.mlp.down_proj.weight"], start["layers.0.mlp.down_proj.weight"])
+    assert fitted["layers.1.mlp.down_proj.weight"].abs().sum() > 0
+    with pytest.raises(ValueError, match="new_lr"):
+        Trainer(make_cfg(tiny, tmp_path / "c", "train.new_lr=1e-3"))
+
+
 def test_training_time_test_trains(tiny, tmp_path):
     """train.ttt_steps=3 runs through DeepSpeed and lowers the loss; metrics stay the plain pass's."""
     trainer = Trainer(make_cfg(tiny, tmp_path, "train.max_steps=20", "train.ttt_steps=3", "train.draft_vocab=64"))

@@ -100,7 +100,8 @@ class Trainer:
         self.steps_per_epoch = max(1, self.plan.per_epoch // t.grad_accum)
         self.total_steps = int(t.max_steps or t.epochs * self.steps_per_epoch)
         torch.manual_seed(cfg.seed)
-        self.engine = build_engine(self._initial_head(start), cfg, self.total_steps)
+        head = self._initial_head(start)
+        self.engine = build_engine(head, cfg, self.total_steps, new_parameters(head, start, t.new_lr))
         self.step = 0  # optimizer steps done
         self.wandb_id: str | None = None
         self.step_times: list[tuple[int, float]] = []  # (pairs on this rank, seconds) per step
@@ -533,6 +534,18 @@ def _initial_head(config: DraftConfig, start: Head | None, init_head: str | None
                  start.config.intermediate_size, config.intermediate_size,
                  start.config.num_hidden_layers, config.num_hidden_layers)
     return head
+
+
+def new_parameters(head: Head, start: Head | None, new_lr: float | None) -> frozenset[str]:
+    """Names of `head`'s parameters that the starting head lacks (its deepened layers), which train
+    at `new_lr`; empty without a starting head or a separate lr."""
+    if start is None or new_lr is None:
+        return frozenset()
+    had = set(start.state_dict())
+    new = frozenset(n for n, _ in head.named_parameters() if n not in had)
+    log.info("%d parameter tensors are new to train.init_head (%s...): they train at lr %g",
+             len(new), ", ".join(sorted(new)[:2]), new_lr)
+    return new
 
 
 def deepen(start: dict[str, torch.Tensor], fresh: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
