@@ -225,6 +225,10 @@ def test_fine_tuning_keeps_the_starting_heads_vocabulary_beyond_the_stores_token
     assert torch.equal(second.loss_lm_head, second.frozen.lm_head[second.vocab_ids])
     assert torch.equal(load_head(second.fit().head_dir).draft_ids, second.vocab_ids)
 
+    kept = Trainer(make_cfg(tiny, tmp_path / "c", "train.max_steps=1", f"train.init_head={head_dir}",
+                            f"train.draft_vocab={size}", "train.keep_vocab=true"))
+    assert torch.equal(kept.vocab_ids, torch.cat([torch.tensor([2, 0, 1]), seen]))  # init_head's order, whole
+
 
 def test_head_mlp_widens_init_head_without_changing_what_it_computes(tiny, tmp_path):
     """train.head_mlp larger than init_head's MLP: the run starts from exactly init_head's

@@ -25,6 +25,7 @@ class TrainConfig:
     head_layers: int | None = None  # decoder layers of an EAGLE-1/2 head (None = init_head's, else 1); deepens init_head
     new_lr: float | None = None  # lr of the layers init_head does not have (None = lr)
     draft_vocab: int | None = None  # token loss over the N most frequent training tokens only (None = all)
+    keep_vocab: bool = False  # EAGLE-1/2 fine-tune: init_head's draft vocabulary first, then the store's tokens
     ttt_steps: int = 1  # training-time test: passes of the head over its own predictions (1 = plain EAGLE)
     ttt_decay: float = 0.8  # loss weight of pass i is ttt_decay**i
     ttt_detach: bool = True  # no gradient from a pass into the previous one
@@ -109,6 +110,8 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise ValueError(f"train.head_layers must be a positive number of decoder layers, got {t.head_layers}")
     if t.topk < 1:
         raise ValueError("train.topk must be >= 1")
+    if t.keep_vocab and not t.init_head:
+        raise ValueError("train.keep_vocab=true keeps train.init_head's draft vocabulary; set train.init_head")
     if t.new_lr is not None and (t.new_lr <= 0 or not t.init_head):
         raise ValueError(f"train.new_lr={t.new_lr}: a positive lr for the layers a deepened train.init_head lacks; "
                          "without train.init_head every layer is new, use train.lr")

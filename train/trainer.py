@@ -42,7 +42,7 @@ from train.frozen import Frozen, load_frozen
 from train.loss import (LossOutput, Pairs, eagle3_loss, eagle_loss, make_pairs, pass_mask, summarize, uniform_noise,
                         vocab_target)
 from train.unroll import unrolled_forward
-from train.vocab import coverage, draft_ids, token_counts, top_up
+from train.vocab import draft_ids, token_counts, top_up
 
 log = logging.getLogger("train")
 CHECKPOINTS = "checkpoints"
@@ -90,9 +90,15 @@ class Trainer:
                 vocab_tensors(self.vocab_ids, self.draft_config.vocab_size)["t2d"].to(self.device))
         else:
             # [seen] target ids, most frequent first, topped up from the starting head's vocabulary
+            # (keep_vocab: the starting head's, topped up from the store's)
             seen = draft_ids(self.token_counts)
-            self.vocab_ids = top_up(seen, start.draft_ids if start else None, t.draft_vocab)
-            if self.vocab_ids.numel() > seen.numel():
+            kept = start.draft_ids if start is not None else None
+            if t.keep_vocab and kept is not None:
+                self.vocab_ids = top_up(kept, seen, t.draft_vocab)
+                log.info("draft vocabulary: train.init_head's %d tokens (train.keep_vocab)", kept.numel())
+            else:
+                self.vocab_ids = top_up(seen, kept, t.draft_vocab)
+            if not t.keep_vocab and self.vocab_ids.numel() > seen.numel():
                 log.info("draft vocabulary: the store sees %d tokens; %d more come from train.init_head",
                          seen.numel(), self.vocab_ids.numel() - seen.numel())
         self.loss_lm_head = self._loss_lm_head(t.draft_vocab)  # [Vd, H] rows the EAGLE-1/2 token loss uses
@@ -117,7 +123,8 @@ class Trainer:
         reduced vocabulary: the token loss and its softmax run over these rows only). [Vd, H]"""
         if not size or self.vocab_ids is None:
             return self.frozen.lm_head
-        share = coverage(self.token_counts, [size])[size]
+        counts = self.token_counts.double()
+        share = float(counts[self.vocab_ids[:size]].sum() / counts.sum().clamp(min=1))  # the vocabulary used, not the top-N
         log.info("draft vocabulary: %d tokens cover %.4f of the training tokens", size, share)
         return self.frozen.lm_head[self.vocab_ids[:size].to(self.device)].contiguous()
 
