@@ -15,7 +15,8 @@ The output is a ShareGPT JSON file (`from`/`value` turns) that `data=sharegpt_lo
 
 Questions are sampled at `+question_temperature` (1.0) and `+question_top_p` (0.95), up to
 `+question_tokens` (96) tokens; empty, very short and duplicate questions are dropped and more
-are sampled. `+openers=FILE` (one opener per line, e.g. conf/self_instruct/openers.txt) starts
+are sampled. `+turns=2` adds a follow-up: the target samples the next user message after its
+own reply, the way it sampled the first question, and answers it (MT-bench's shape). `+openers=FILE` (one opener per line, e.g. conf/self_instruct/openers.txt) starts
 the questions of each batch with those words in turn, to steer them toward kinds the target
 seldom asks itself (extraction from a passage, science, history...). Replies follow `data.regen` (greedy, `max_new_tokens`). The file is written
 once at the end (to a temporary name, then renamed).
@@ -42,9 +43,10 @@ log = logging.getLogger("data_prep")
 _MARK = "\u2063QUESTION\u2063"  # a string no template adds by itself
 
 
-def question_prefix(tokenizer) -> list[int]:
-    """Token ids of the chat template up to where the first user message's text starts."""
-    text = tokenizer.apply_chat_template([{"role": "user", "content": _MARK}], tokenize=False)
+def question_prefix(tokenizer, history: Sequence[dict] = ()) -> list[int]:
+    """Token ids of the chat template up to where the next user message's text starts: the
+    first one, or the one after `history` (earlier messages, for a follow-up question)."""
+    text = tokenizer.apply_chat_template([*history, {"role": "user", "content": _MARK}], tokenize=False)
     if _MARK not in text:
         raise ValueError("the chat template drops the user's text: cannot find where a question starts")
     return tokenizer(text[: text.index(_MARK)], add_special_tokens=False)["input_ids"]
@@ -107,6 +109,30 @@ def answer(generator: ReplyGenerator, questions: list[str]) -> list[Conversation
     return generator.conversations(chats)
 
 
+def follow_up(asker: ReplyGenerator, replier: ReplyGenerator, chats: list[Conversation],
+              min_words: int = 3) -> list[Conversation]:
+    """Each chat with one more turn: a user follow-up that the target samples after its own
+    reply (`asker` settings), and the greedy answer (`replier`). A chat whose follow-up is too
+    short, or whose prompt would not fit in max_len, is kept as it was."""
+    budget = asker.max_len - int(asker.regen.max_new_tokens)
+    prefixes = {i: question_prefix(asker.tokenizer, c.messages) for i, c in enumerate(chats)}
+    order = sorted((i for i in prefixes if len(prefixes[i]) <= budget), key=lambda i: len(prefixes[i]))
+    size = int(replier.regen.batch_size)
+    asks = {}
+    for b in range(0, len(order), size):
+        batch = order[b:b + size]
+        for i, text in zip(batch, asker.decode_batch([prefixes[i] for i in batch])):
+            if len(_key(text).split()) >= min_words:
+                asks[i] = text
+    log.info("self_instruct: %d/%d chats get a follow-up question", len(asks), len(chats))
+    replies = replier.replies({i: chats[i].messages + [{"role": "user", "content": q}] for i, q in asks.items()})
+    out = []
+    for i, c in enumerate(chats):
+        more = [{"role": "user", "content": asks[i]}, {"role": "assistant", "content": replies[i]}] if i in replies else []
+        out.append(Conversation(c.index, c.id, c.messages + more))
+    return out
+
+
 def write_sharegpt(conversations: list[Conversation], out: Path) -> None:
     """ShareGPT JSON (`conversations` of `from`/`value` turns), written whole, then renamed."""
     who = {"system": "system", "user": "human", "assistant": "gpt"}
@@ -130,9 +156,12 @@ def main(cfg: DictConfig) -> None:
                                  int(cfg.data.regen.batch_size), openers=read_openers(cfg.get("openers")))
     replier = ReplyGenerator(model, tok, cfg.data.regen, int(cfg.model.max_len))
     chats = answer(replier, questions)
+    for _ in range(int(cfg.get("turns", 1)) - 1):
+        chats = follow_up(ReplyGenerator(model, tok, asking, int(cfg.model.max_len)), replier, chats)
     write_sharegpt(chats, out)
-    print(f"{len(chats)} self-instructed conversations ({len(questions)} questions asked; replies at "
-          f"{replier.tokens_per_s:.0f} tok/s) in {out}")
+    turns = sum(m["role"] == "user" for c in chats for m in c.messages)
+    print(f"{len(chats)} self-instructed conversations, {turns} user turns ({len(questions)} questions asked; "
+          f"replies at {replier.tokens_per_s:.0f} tok/s) in {out}")
 
 
 if __name__ == "__main__":

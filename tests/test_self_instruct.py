@@ -9,6 +9,7 @@ from data_prep.conversations import read_conversations
 from data_prep.regenerate import ReplyGenerator
 from data_prep.self_instruct import (
     answer,
+    follow_up,
     question_prefix,
     read_openers,
     sample_questions,
@@ -59,3 +60,25 @@ def test_openers_start_the_questions_in_turn(tiny_dir, tmp_path):
     empty.write_text("# nothing\n")
     with pytest.raises(ValueError, match="empty.txt: no openers"):
         read_openers(str(empty))
+
+
+def test_follow_up_adds_a_sampled_question_after_the_targets_reply_and_answers_it(tiny_dir):
+    tok = load_tokenizer(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    history = [{"role": "user", "content": "Why is the sky blue?"}, {"role": "assistant", "content": "Rayleigh scattering."}]
+    prefix = tok.decode(question_prefix(tok, history))
+    assert prefix.startswith(tok.apply_chat_template(history, tokenize=False)) and prefix.endswith("user\n")
+
+    asking = OmegaConf.create({"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0, "batch_size": 4})
+    replying = OmegaConf.create({"max_new_tokens": 6, "temperature": 0.0, "top_p": 1.0, "max_turns": 1, "batch_size": 4})
+    replier = ReplyGenerator(model, tok, replying, max_len=128)
+    chats = answer(replier, ["Name three rivers of Europe.", "What is two plus two?", "Explain how tides work."])
+    torch.manual_seed(0)
+    longer = follow_up(ReplyGenerator(model, tok, asking, max_len=128), replier, chats, min_words=1)
+    assert [c.id for c in longer] == [c.id for c in chats]
+    assert all(c2.messages[:2] == c1.messages for c1, c2 in zip(chats, longer))  # the first turn is kept as it was
+    assert any(len(c.messages) == 4 for c in longer)
+    for c in longer:
+        assert [m["role"] for m in c.messages] in (["user", "assistant"], ["user", "assistant", "user", "assistant"])
+    tight = follow_up(ReplyGenerator(model, tok, asking, max_len=16), replier, chats, min_words=1)
+    assert [c.messages for c in tight] == [c.messages for c in chats]  # no room for a follow-up: unchanged
