@@ -117,7 +117,7 @@ def follow_up(asker: ReplyGenerator, replier: ReplyGenerator, chats: list[Conver
     budget = asker.max_len - int(asker.regen.max_new_tokens)
     prefixes = {i: question_prefix(asker.tokenizer, c.messages) for i, c in enumerate(chats)}
     order = sorted((i for i in prefixes if len(prefixes[i]) <= budget), key=lambda i: len(prefixes[i]))
-    size = int(replier.regen.batch_size)
+    size = int(asker.regen.batch_size)
     asks = {}
     for b in range(0, len(order), size):
         batch = order[b:b + size]
@@ -152,12 +152,12 @@ def main(cfg: DictConfig) -> None:
     asking = OmegaConf.merge(cfg.data.regen, {"temperature": float(cfg.get("question_temperature", 1.0)),
                                               "top_p": float(cfg.get("question_top_p", 0.95)),
                                               "max_new_tokens": int(cfg.get("question_tokens", 96))})
-    questions = sample_questions(ReplyGenerator(model, tok, asking, int(cfg.model.max_len)), n,
-                                 int(cfg.data.regen.batch_size), openers=read_openers(cfg.get("openers")))
+    asker = ReplyGenerator(model, tok, asking, int(cfg.model.max_len))
+    questions = sample_questions(asker, n, int(cfg.data.regen.batch_size), openers=read_openers(cfg.get("openers")))
     replier = ReplyGenerator(model, tok, cfg.data.regen, int(cfg.model.max_len))
     chats = answer(replier, questions)
     for _ in range(int(cfg.get("turns", 1)) - 1):
-        chats = follow_up(ReplyGenerator(model, tok, asking, int(cfg.model.max_len)), replier, chats)
+        chats = follow_up(asker, replier, chats)
     write_sharegpt(chats, out)
     turns = sum(m["role"] == "user" for c in chats for m in c.messages)
     print(f"{len(chats)} self-instructed conversations, {turns} user turns ({len(questions)} questions asked; "

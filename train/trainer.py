@@ -98,9 +98,9 @@ class Trainer:
                 log.info("draft vocabulary: train.init_head's %d tokens (train.keep_vocab)", kept.numel())
             else:
                 self.vocab_ids = top_up(seen, kept, t.draft_vocab)
-            if not t.keep_vocab and self.vocab_ids.numel() > seen.numel():
-                log.info("draft vocabulary: the store sees %d tokens; %d more come from train.init_head",
-                         seen.numel(), self.vocab_ids.numel() - seen.numel())
+                if self.vocab_ids.numel() > seen.numel():
+                    log.info("draft vocabulary: the store sees %d tokens; %d more come from train.init_head",
+                             seen.numel(), self.vocab_ids.numel() - seen.numel())
         self.loss_lm_head = self._loss_lm_head(t.draft_vocab)  # [Vd, H] rows the EAGLE-1/2 token loss uses
         self.plan = BatchPlan(self.train_idx, self.lengths, t.batch_tokens, cfg.seed, self.rank, self.world)
         self.steps_per_epoch = max(1, self.plan.per_epoch // t.grad_accum)
