@@ -354,7 +354,8 @@ def parse_args(argv=None):
     p.add_argument("--total-token", default="24", help="tree budget, or 'auto'")
     p.add_argument("--depth", type=int, default=5)
     p.add_argument("--top-k", type=int, default=8)
-    p.add_argument("--draft-vocab", type=int, default=None, help="propose only the N most frequent tokens of the head's vocabulary")
+    p.add_argument("--draft-vocab", type=int, default=None, help="propose only the N most frequent tokens of the head's vocabulary "
+                   "(EAGLE-1/2: beyond it, the target's other tokens; the target's vocabulary size: all)")
     p.add_argument("--lookup", type=int, default=10, help="prompt-lookup chain length of eagle2-lookup (as pld's 10)")
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default="results/bench")

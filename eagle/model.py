@@ -494,12 +494,20 @@ def _draft_vocabulary(head: Head, lm_head: nn.Linear, size: int | None) -> tuple
     """(target ids of the draft vocabulary [Vd] or None = all, the module scoring head outputs over it).
 
     EAGLE-1/2: (rows of) the target's lm_head. EAGLE-3: the head's own norm and lm_head. With
-    `size`, only the first `size` ids (the most frequent, for heads this project trains)."""
+    `size`, only the first `size` ids (the most frequent, for heads this project trains); an
+    EAGLE-1/2 head asked for more than it stores gets the rest of the target's ids after them
+    (size = the target's vocabulary size: all of it)."""
     ids = head.draft_ids
     if size is not None:
         if ids is None:
             raise ValueError("draft_vocab needs a head with a stored draft vocabulary (python -m train.vocab STORE --head DIR)")
-        ids = ids[:size]
+        if size > ids.numel() and isinstance(head, Eagle3Head):
+            raise ValueError(f"draft_vocab={size}: this EAGLE-3 head's lm_head has only {ids.numel()} rows")
+        if size >= lm_head.out_features:
+            return None, nn.Sequential(lm_head)
+        rest = torch.ones(lm_head.out_features, dtype=torch.bool)
+        rest[ids.cpu()] = False
+        ids = torch.cat([ids.cpu(), rest.nonzero().flatten()])[:size]
     if isinstance(head, Eagle3Head):
         rows = head.lm_head if size is None else _rows(head.lm_head, torch.arange(ids.numel()))
         return None if ids is None else ids.to("cpu", torch.long), nn.Sequential(head.norm, rows)

@@ -1,6 +1,6 @@
 """Where does a head lose τ on MT-bench: on text it could copy, or on free text? (docs/recipes.md)
 
-    .venv/bin/python scripts/acceptance_by_copy.py [HEAD ...] [--per-category 2] [--sharegpt 16]
+    .venv/bin/python scripts/acceptance_by_copy.py [HEAD ...] [--per-category 2] [--sharegpt 16] [--draft-vocab N]
 
 Decodes the first turns of MT-bench and of held-out ShareGPT greedily with each head and the
 60-node EAGLE-2 tree, then labels every new token twice:
@@ -10,20 +10,20 @@ Decodes the first turns of MT-bench and of held-out ShareGPT greedily with each 
 
 τ = tokens per target forward, so the drafted share is 1 − 1/τ. Splitting it by copy / free
 tokens tells whether a prompt set is harder because it has fewer copies or because the head
-is worse on its free text.
+is worse on its free text. The last column is the share of new tokens outside the draft
+vocabulary the decoder proposes from (`--draft-vocab`, as in eagle.bench): the head can never
+draft those.
 """
 
 from __future__ import annotations
 
-import argparse
 from dataclasses import dataclass
 
 import torch
+from prompt_sets import first_turn_ids, parser, setup
 
-from eagle.bench import first_per_category, load_questions, sharegpt_heldout
 from eagle.checkpoint import load_head
 from eagle.model import EaModel
-from eagle.targets import load_target, load_tokenizer, resolve_target
 
 
 @dataclass
@@ -36,10 +36,12 @@ class Split:
     copy_drafted: int = 0
     free: int = 0
     free_drafted: int = 0
+    outside: int = 0  # new tokens outside the draft vocabulary
 
-    def add(self, drafted: list[bool], copied: list[bool], steps: int) -> None:
+    def add(self, drafted: list[bool], copied: list[bool], steps: int, outside: int = 0) -> None:
         self.tokens += len(drafted)
         self.steps += steps
+        self.outside += outside
         for d, c in zip(drafted, copied):
             if c:
                 self.copy, self.copy_drafted = self.copy + 1, self.copy_drafted + d
@@ -49,7 +51,8 @@ class Split:
     def row(self) -> str:
         share = lambda a, b: a / b if b else float("nan")  # noqa: E731
         return (f"τ {share(self.tokens, self.steps):.2f} | {self.tokens} | {share(self.copy, self.tokens):.3f} | "
-                f"{share(self.copy_drafted, self.copy):.3f} | {share(self.free_drafted, self.free):.3f}")
+                f"{share(self.copy_drafted, self.copy):.3f} | {share(self.free_drafted, self.free):.3f} | "
+                f"{share(self.outside, self.tokens):.3f}")
 
 
 def drafted_flags(accept_lengths: list[int], new_tokens: int) -> list[bool]:
@@ -73,34 +76,27 @@ def copy_flags(seq: list[int], prompt_len: int) -> list[bool]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = parser(__doc__)
     ap.add_argument("heads", nargs="*", default=["checkpoints/eagle-smollm2-135m-instruct"])
-    ap.add_argument("--base", default="smollm2-135m-instruct")
-    ap.add_argument("--per-category", type=int, default=2)
-    ap.add_argument("--sharegpt", type=int, default=16)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--draft-vocab", type=int, default=None, help="as eagle.bench's (the target's vocabulary size: all)")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    target_dir = resolve_target(args.base)
-    tok, target = load_tokenizer(target_dir), load_target(target_dir, "bfloat16", attn_implementation="sdpa")
-    sets = {"mtbench": first_per_category(load_questions("mtbench"), args.per_category),
-            "sharegpt-heldout": sharegpt_heldout(args.sharegpt)}
-    print("| head | prompts | τ | new tokens | copy share | drafted, copy tokens | drafted, free tokens |")
-    print("|---|---|---|---:|---:|---:|---:|")
+    tok, target, sets = setup(args)
+    print("| head | prompts | τ | new tokens | copy share | drafted, copy tokens | drafted, free tokens | outside the draft vocabulary |")
+    print("|---|---|---|---:|---:|---:|---:|---:|")
     for path in args.heads:
-        model = EaModel(target, load_head(path, dtype=torch.bfloat16), tok, total_token=60, depth=6, top_k=10)
+        model = EaModel(target, load_head(path, dtype=torch.bfloat16), tok, total_token=60, depth=6, top_k=10,
+                        draft_vocab=args.draft_vocab)
+        vocab = None if model._draft_ids is None else set(model._draft_ids.tolist())
         for name, questions in sets.items():
             split = Split()
             for q in questions:
-                ids = tok.apply_chat_template([{"role": "user", "content": q.turns[0]}], add_generation_prompt=True,
-                                              return_tensors="pt", return_dict=True)["input_ids"]  # [1, P]
+                ids = first_turn_ids(tok, q)  # [1, P]
                 out = model.eagenerate(ids, temperature=0.0, max_new_tokens=args.max_new_tokens)  # [1, P + N]
-                stats = model.last_stats
+                stats, new = model.last_stats, out[0, ids.shape[1]:].tolist()
+                outside = 0 if vocab is None else sum(t not in vocab for t in new)
                 split.add(drafted_flags(stats.accept_lengths, stats.new_tokens),
-                          copy_flags(out[0].tolist(), ids.shape[1]), stats.steps)
+                          copy_flags(out[0].tolist(), ids.shape[1]), stats.steps, outside)
             print(f"| {path} | {name} ({len(questions)}) | {split.row()} |", flush=True)
-
 
 if __name__ == "__main__":
     main()

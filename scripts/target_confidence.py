@@ -9,20 +9,16 @@ It also counts the new tokens that copy the prompt: the token follows the same t
 somewhere in the prompt (what a head, or prompt lookup, predicts easily).
 """
 
-import argparse
 import statistics
 
 import torch
-
-from eagle.bench import first_per_category, load_questions, sharegpt_heldout
-from eagle.targets import load_target, load_tokenizer, resolve_target
+from prompt_sets import first_turn_ids, parser, setup
 
 
 @torch.inference_mode()
-def reply_stats(model, tok, prompt: str, max_new_tokens: int) -> tuple[list[float], list[bool]]:
+def reply_stats(model, tok, question, max_new_tokens: int) -> tuple[list[float], list[bool]]:
     """Per new token: the target's top-1 probability, and whether it copies a prompt trigram."""
-    ids = tok.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
-                                  return_tensors="pt", return_dict=True)["input_ids"]  # [1, P]
+    ids = first_turn_ids(tok, question)  # [1, P]
     out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)  # [1, P + N]
     probs = model(out).logits[0, ids.shape[1] - 1:-1].float().softmax(-1)  # [N, V]: the step that chose each new token
     seq, P = out[0].tolist(), ids.shape[1]
@@ -32,20 +28,10 @@ def reply_stats(model, tok, prompt: str, max_new_tokens: int) -> tuple[list[floa
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--base", default="smollm2-135m-instruct")
-    ap.add_argument("--per-category", type=int, default=2)
-    ap.add_argument("--sharegpt", type=int, default=16)
-    ap.add_argument("--max-new-tokens", type=int, default=128)
-    ap.add_argument("--threads", type=int, default=1)
-    args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    target_dir = resolve_target(args.base)
-    tok, model = load_tokenizer(target_dir), load_target(target_dir, "bfloat16")
-    sets = {"mtbench": first_per_category(load_questions("mtbench"), args.per_category),
-            "sharegpt-heldout": sharegpt_heldout(args.sharegpt)}
+    args = parser(__doc__).parse_args()
+    tok, model, sets = setup(args)
     for name, questions in sets.items():
-        stats = [reply_stats(model, tok, q.turns[0], args.max_new_tokens) for q in questions]
+        stats = [reply_stats(model, tok, q, args.max_new_tokens) for q in questions]
         p = [x for probs, _ in stats for x in probs]
         copied = [c for _, cs in stats for c in cs]
         print(f"{name}: {len(questions)} prompts, {len(p)} tokens; top-1 probability mean {statistics.mean(p):.3f}, "

@@ -385,6 +385,17 @@ def test_greedy_equality_with_a_reduced_draft_vocabulary(seed, tree):
     assert model.last_stats.tau > 1.2
 
 
+def test_draft_vocab_beyond_the_stored_vocabulary_adds_the_targets_other_tokens():
+    target, head = near_bigram_pair(0)
+    ids = prompt(0, 6)
+    ref = hf_greedy(target, ids, 30)
+    head.draft_ids = torch.tensor([5, 3, 9])
+    model = EaModel(target, head, draft_vocab=40)
+    assert model._draft_ids[:3].tolist() == [5, 3, 9] and len(set(model._draft_ids.tolist())) == 40
+    assert torch.equal(model.eagenerate(ids, max_new_tokens=30), ref)
+    assert EaModel(target, head, draft_vocab=128)._draft_ids is None  # the whole target vocabulary
+
+
 def test_draft_vocab_without_a_stored_vocabulary_is_a_clear_error():
     target, head = near_bigram_pair(0)
     with pytest.raises(ValueError, match="stored draft vocabulary"):

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from train.config import validate
 from train.data import BatchPlan, collate, length_batches, split_indices
 from train.engine import compute_dtype, ds_config, lr_lambda
-from train.loss import eagle_loss, make_pairs, summarize, uniform_noise
+from train.loss import eagle_loss, make_pairs, pass_mask, summarize, uniform_noise, vocab_target
 from data_prep.store import Record
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -64,6 +64,17 @@ def test_loss_gradients_only_reach_masked_rows_and_accuracy():
     assert pred.grad[0, 1].abs().sum() == 0
     stats = summarize(out.sums, topk=3)
     assert stats["top1"] == 1.0 and stats["top3"] == 1.0 and stats["feature_loss"] == 0.0
+
+
+def test_a_shared_target_distribution_gives_each_pass_its_own_loss():
+    torch.manual_seed(2)
+    pred, target, lm_head = torch.randn(2, 6, 8), torch.randn(2, 6, 8), torch.randn(11, 8)
+    mask = torch.tensor([[1, 1, 0, 1, 1, 1], [0, 1, 1, 0, 1, 0]], dtype=torch.bool)
+    dist = vocab_target(target, mask, lm_head, None, None)  # once for every pass
+    for step in range(4):
+        shared = eagle_loss(pred, target, mask, lm_head, step=step, dist=dist)
+        alone = eagle_loss(pred, target, pass_mask(mask, step), lm_head)  # that pass's rows only
+        assert torch.allclose(shared.loss, alone.loss) and shared.sums["n"] == alone.sums["n"]
 
 
 def test_loss_with_no_masked_pair_is_zero_and_differentiable():

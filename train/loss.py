@@ -67,33 +67,57 @@ class LossOutput:
     sums: dict[str, torch.Tensor]  # n, feature, token, top1, topk: float64 sums
 
 
+@dataclass
+class VocabTarget:
+    """The target's next-token distribution at the masked pairs, restricted to a draft vocabulary."""
+
+    probs: torch.Tensor  # [N, Vd] softmax of the target logits over the draft vocabulary only
+    top: torch.Tensor  # [N] the target's argmax over the whole vocabulary (target ids)
+    in_vocab: torch.Tensor  # [N] bool: that argmax is in the draft vocabulary (else the row has no loss)
+
+
+@torch.no_grad()
+def vocab_target(target: torch.Tensor, mask: torch.Tensor, lm_head: torch.Tensor, draft_ids: torch.Tensor | None,
+                 in_draft: torch.Tensor | None) -> VocabTarget:
+    """From target features f_{t+1} [B, S, H], mask [B, S], the full lm_head [V, H], the draft
+    vocabulary (target ids [Vd], None = all) and its membership [V] bool."""
+    logits = target[mask].to(lm_head.dtype) @ lm_head.T  # [N, V]
+    top = logits.argmax(-1)
+    in_vocab = torch.ones_like(top, dtype=torch.bool) if in_draft is None else in_draft[top]
+    restricted = logits if draft_ids is None else logits[:, draft_ids]  # [N, Vd]
+    return VocabTarget(torch.softmax(restricted.float(), dim=-1), top, in_vocab)
+
+
 def eagle_loss(
     pred: torch.Tensor,  # [B, S, H] predicted features f̂_{t+1}
     target: torch.Tensor,  # [B, S, H] target features f_{t+1}
     mask: torch.Tensor,  # [B, S] bool
-    lm_head: torch.Tensor,  # [V, H] frozen lm_head weight
+    lm_head: torch.Tensor,  # [V, H] frozen lm_head weight (or the draft vocabulary's rows)
     v_w: float = 1.0,
     p_w: float = 0.1,
     topk: int = 3,
+    step: int = 0,
+    dist: VocabTarget | None = None,
 ) -> LossOutput:
-    """EAGLE's loss over masked pairs. With no masked pair the loss is 0 (still differentiable)."""
-    pred_m = pred[mask]  # [N, H]
+    """EAGLE's loss over the masked pairs of unrolled pass `step` (see pass_mask). `dist`: the
+    target's distribution over `mask`'s rows (vocab_target), computed once and shared by the
+    passes; None computes it here. With no pair the loss is 0 (still differentiable)."""
+    keep = pass_mask(mask, step)[mask]  # [N] rows with a whole draft chain behind them
+    pred_m = pred[mask][keep]  # [n, H]
     n = pred_m.shape[0]
     if n == 0:
         return _no_pairs(pred)
-    target_m = target[mask].to(pred_m.dtype)  # [N, H]
-    feature_loss = F.smooth_l1_loss(pred_m.float(), target_m.float())  # mean over N*H
+    target_m = target[mask][keep].to(pred_m.dtype)  # [n, H]
+    feature_loss = F.smooth_l1_loss(pred_m.float(), target_m.float())  # mean over n*H
     weight = lm_head.to(pred_m.dtype)
-    with torch.no_grad():
-        target_logits = target_m @ weight.T  # [N, V]
-        target_p = torch.softmax(target_logits.float(), dim=-1)
-        target_top = target_logits.argmax(-1)  # [N]
-    draft_logits = pred_m @ weight.T  # [N, V]
+    dist = dist or vocab_target(target, mask, weight, None, None)
+    target_p, target_top = dist.probs[keep], dist.top[keep]  # [n, V], [n]
+    draft_logits = pred_m @ weight.T  # [n, V]
     draft_logp = torch.log_softmax(draft_logits.float(), dim=-1)
     token_loss = -(target_p * draft_logp).sum(-1).mean()
     loss = v_w * feature_loss + p_w * token_loss
     with torch.no_grad():
-        draft_top = draft_logits.topk(min(topk, draft_logits.shape[-1]), dim=-1).indices  # [N, k]
+        draft_top = draft_logits.topk(min(topk, draft_logits.shape[-1]), dim=-1).indices  # [n, k]
         hits = draft_top == target_top[:, None]
         sums = {
             "n": torch.tensor(float(n), dtype=torch.float64),
@@ -119,27 +143,6 @@ def _no_pairs(pred: torch.Tensor) -> LossOutput:
     zero = pred.sum() * 0.0
     sums = {k: torch.zeros((), dtype=torch.float64) for k in ("n", "feature", "token", "top1", "topk")}
     return LossOutput(zero, zero.detach(), zero.detach(), sums)
-
-
-@dataclass
-class VocabTarget:
-    """The target's next-token distribution at the masked pairs, restricted to a draft vocabulary."""
-
-    probs: torch.Tensor  # [N, Vd] softmax of the target logits over the draft vocabulary only
-    top: torch.Tensor  # [N] the target's argmax over the whole vocabulary (target ids)
-    in_vocab: torch.Tensor  # [N] bool: that argmax is in the draft vocabulary (else the row has no loss)
-
-
-@torch.no_grad()
-def vocab_target(target: torch.Tensor, mask: torch.Tensor, lm_head: torch.Tensor, draft_ids: torch.Tensor | None,
-                 in_draft: torch.Tensor | None) -> VocabTarget:
-    """From target features f_{t+1} [B, S, H], mask [B, S], the full lm_head [V, H], the draft
-    vocabulary (target ids [Vd], None = all) and its membership [V] bool."""
-    logits = target[mask].to(lm_head.dtype) @ lm_head.T  # [N, V]
-    top = logits.argmax(-1)
-    in_vocab = torch.ones_like(top, dtype=torch.bool) if in_draft is None else in_draft[top]
-    restricted = logits if draft_ids is None else logits[:, draft_ids]  # [N, Vd]
-    return VocabTarget(torch.softmax(restricted.float(), dim=-1), top, in_vocab)
 
 
 def eagle3_loss(logits_of, pred: torch.Tensor, mask: torch.Tensor, target: VocabTarget, step: int = 0,

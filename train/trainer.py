@@ -39,7 +39,7 @@ from train.data import Batch, BatchPlan, length_batches, loader, split_indices
 from train.engine import build_engine, compute_dtype, ds_config, full_state_dict, init_distributed
 from train.export import CardInfo, export_head, model_card
 from train.frozen import Frozen, load_frozen
-from train.loss import (LossOutput, Pairs, eagle3_loss, eagle_loss, make_pairs, pass_mask, summarize, uniform_noise,
+from train.loss import (LossOutput, Pairs, eagle3_loss, eagle_loss, make_pairs, summarize, uniform_noise,
                         vocab_target)
 from train.unroll import unrolled_forward
 from train.vocab import draft_ids, token_counts, top_up
@@ -158,7 +158,8 @@ class Trainer:
         t = self.cfg.train
         if not self.eagle3:
             lm_head = self.frozen.lm_head if full_vocab else self.loss_lm_head
-            return [eagle_loss(pred, p.target, pass_mask(p.mask, i), lm_head, t.v_w, t.p_w, t.topk)
+            dist = vocab_target(p.target, p.mask, lm_head, None, None)  # the passes share the target's side
+            return [eagle_loss(pred, p.target, p.mask, lm_head, t.v_w, t.p_w, t.topk, step=i, dist=dist)
                     for i, pred in enumerate(preds)]
         ids, member = self.loss_vocab or (None, None)
         target = vocab_target(p.target, p.mask, self.frozen.lm_head, ids, member)

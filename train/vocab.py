@@ -44,14 +44,15 @@ def draft_ids(counts: torch.Tensor, size: int | None = None, seen_only: bool = T
 
 
 def top_up(ids: torch.Tensor, extra: torch.Tensor | None, size: int | None) -> torch.Tensor:
-    """`ids`, then the ids of `extra` it lacks (in `extra`'s order) until there are `size`. [M] long
+    """`ids`, then the ids of `extra` it lacks (in `extra`'s order) until there are `size` (all of
+    them when `size` is None). [M] long
 
     A small store sees fewer distinct tokens than the draft vocabulary holds; a head fine-tuned
     on it keeps the rest of its starting head's vocabulary instead of losing those tokens."""
-    if extra is None or not size or ids.numel() >= size:
+    if extra is None or (size and ids.numel() >= size):
         return ids
     missing = extra[~torch.isin(extra, ids)]
-    return torch.cat([ids, missing[: size - ids.numel()].to(ids.dtype)])
+    return torch.cat([ids, missing[: size - ids.numel() if size else None].to(ids.dtype)])
 
 
 def coverage(counts: torch.Tensor, sizes: Iterable[int]) -> dict[int, float]:

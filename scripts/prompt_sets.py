@@ -1,0 +1,38 @@
+"""What the diagnostics in this folder share: MT-bench's and held-out ShareGPT's first turns,
+the target, and their options (docs/recipes.md, "Where MT-bench loses τ")."""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from eagle.bench import Question, first_per_category, load_questions, sharegpt_heldout
+from eagle.targets import load_target, load_tokenizer, resolve_target
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The options every diagnostic takes; the first line of `doc` is the description."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--base", default="smollm2-135m-instruct")
+    ap.add_argument("--per-category", type=int, default=2, help="MT-bench questions per category")
+    ap.add_argument("--sharegpt", type=int, default=16, help="held-out ShareGPT conversations")
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=1)
+    return ap
+
+
+def setup(args: argparse.Namespace):
+    """(tokenizer, bf16 target, {set name: questions}) for parsed options."""
+    torch.set_num_threads(args.threads)
+    target_dir = resolve_target(args.base)
+    sets: dict[str, list[Question]] = {
+        "mtbench": first_per_category(load_questions("mtbench"), args.per_category),
+        "sharegpt-heldout": sharegpt_heldout(args.sharegpt)}
+    return load_tokenizer(target_dir), load_target(target_dir, "bfloat16", attn_implementation="sdpa"), sets
+
+
+def first_turn_ids(tok, question: Question) -> torch.Tensor:
+    """The chat-templated first turn, ready for the assistant's reply. [1, P]"""
+    return tok.apply_chat_template([{"role": "user", "content": question.turns[0]}], add_generation_prompt=True,
+                                   return_tensors="pt", return_dict=True)["input_ids"]
