@@ -17,11 +17,14 @@ from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
 from conftest import tiny_llama
+from data_prep.store import FeatureStore
 from eagle.checkpoint import load_head, write_draft_vocab
 from train.config import validate
 from train.engine import free_port
 from train.testing import write_tiny_store
 from train.trainer import Trainer
+from train.vocab import draft_ids, token_counts
+from train.vocab import main as vocab_main
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -228,6 +231,14 @@ def test_fine_tuning_keeps_the_starting_heads_vocabulary_beyond_the_stores_token
     kept = Trainer(make_cfg(tiny, tmp_path / "c", "train.max_steps=1", f"train.init_head={head_dir}",
                             f"train.draft_vocab={size}", "train.keep_vocab=true"))
     assert torch.equal(kept.vocab_ids, torch.cat([torch.tensor([2, 0, 1]), seen]))  # init_head's order, whole
+
+    # the CLI's --keep: the head's own ids first, then the store's most frequent others, up to --size
+    whole = draft_ids(token_counts(FeatureStore(tiny[1])))  # the whole store's tokens, most frequent first
+    write_draft_vocab(head_dir, torch.tensor([2, 0, 1]))
+    vocab_main([str(tiny[1]), "--head", str(head_dir), "--size", "5", "--keep"])
+    assert torch.equal(load_head(head_dir).draft_ids, torch.cat([torch.tensor([2, 0, 1]), whole[:2]]))
+    vocab_main([str(tiny[1]), "--head", str(head_dir), "--keep"])  # no size: every seen token after them
+    assert torch.equal(load_head(head_dir).draft_ids, torch.cat([torch.tensor([2, 0, 1]), whole]))
 
 
 def test_head_mlp_widens_init_head_without_changing_what_it_computes(tiny, tmp_path):

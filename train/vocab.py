@@ -5,10 +5,11 @@ never changes the output; it only removes the full-vocabulary `lm_head` work fro
 (on a CPU the draft's largest cost). Counting happens over the tokens the draft has to
 predict in training: assistant tokens (loss mask) of the feature store.
 
-    python -m train.vocab STORE_DIR [--head HEAD_DIR] [--size N]
+    python -m train.vocab STORE_DIR [STORE_DIR ...] [--head HEAD_DIR] [--size N] [--keep]
 
 prints the coverage of the top-N tokens and, with --head, writes the vocabulary into that
-head's checkpoint (`d2t` / `t2d`, see eagle.checkpoint).
+head's checkpoint (`d2t` / `t2d`, see eagle.checkpoint); --keep tops the head's own
+vocabulary up instead of replacing it.
 """
 
 from __future__ import annotations
@@ -64,21 +65,28 @@ def coverage(counts: torch.Tensor, sizes: Iterable[int]) -> dict[int, float]:
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("store", help="feature store directory")
+    ap.add_argument("stores", nargs="+", help="feature store directories (their counts add up)")
     ap.add_argument("--head", help="head directory to write the vocabulary into")
     ap.add_argument("--size", type=int, default=None, help="keep at most N ids (default: every seen token)")
+    ap.add_argument("--keep", action="store_true",
+                    help="keep the head's own vocabulary first and add the stores' most frequent other tokens")
     args = ap.parse_args(argv)
-    store = FeatureStore(args.store)
-    counts = token_counts(store)
-    for n, c in coverage(counts, (1024, 2048, 4096, 8192, 16384, 32768)).items():
+    counts = sum(token_counts(FeatureStore(s)) for s in args.stores)
+    for n, c in coverage(counts, (1024, 2048, 4096, 8192, 12288, 16384, 32768)).items():
         print(f"top {n:>6}: {c:.4f} of {int(counts.sum()):,} assistant tokens")
     if args.head:
-        from eagle.checkpoint import write_draft_vocab
+        from eagle.checkpoint import load_head, write_draft_vocab
 
         ids = draft_ids(counts, args.size)
+        if args.keep:
+            kept = load_head(args.head).draft_ids
+            if kept is None:
+                raise ValueError(f"{args.head}: --keep needs a head with a stored draft vocabulary")
+            ids = top_up(kept, ids, args.size)
+            print(f"kept the head's {kept.numel():,} ids; they cover {float(counts[kept].sum() / counts.sum()):.4f}")
         write_draft_vocab(Path(args.head), ids)
-        print(f"{args.head}: draft vocabulary of {ids.numel():,} ids written")
-
+        print(f"{args.head}: draft vocabulary of {ids.numel():,} ids written, covering "
+              f"{float(counts[ids].sum() / counts.sum()):.4f} of the stores' assistant tokens")
 
 if __name__ == "__main__":
     main()
