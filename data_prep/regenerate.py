@@ -84,6 +84,13 @@ class ReplyGenerator:
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
             if len(ids) + 16 <= self.max_len:
                 encoded[i] = list(ids)
+        out = self.decode_by_length(encoded, bar)
+        if bar is not None:
+            bar.update(len(prompts) - len(encoded))  # too long to answer
+        return out
+
+    def decode_by_length(self, encoded: dict[int, list[int]], bar: tqdm | None = None) -> dict[int, str]:
+        """One reply per token-id prompt, in batches of prompts of similar length (shortest first)."""
         order = sorted(encoded, key=lambda i: len(encoded[i]))
         out = {}
         for b in range(0, len(order), self.regen.batch_size):
@@ -93,8 +100,6 @@ class ReplyGenerator:
             if bar is not None:
                 bar.update(len(batch))
                 bar.set_postfix(tok_s=f"{self.tokens_per_s:.0f}")
-        if bar is not None:
-            bar.update(len(prompts) - len(encoded))  # too long to answer
         return out
 
     @torch.inference_mode()

@@ -116,14 +116,8 @@ def follow_up(asker: ReplyGenerator, replier: ReplyGenerator, chats: list[Conver
     short, or whose prompt would not fit in max_len, is kept as it was."""
     budget = asker.max_len - int(asker.regen.max_new_tokens)
     prefixes = {i: question_prefix(asker.tokenizer, c.messages) for i, c in enumerate(chats)}
-    order = sorted((i for i in prefixes if len(prefixes[i]) <= budget), key=lambda i: len(prefixes[i]))
-    size = int(asker.regen.batch_size)
-    asks = {}
-    for b in range(0, len(order), size):
-        batch = order[b:b + size]
-        for i, text in zip(batch, asker.decode_batch([prefixes[i] for i in batch])):
-            if len(_key(text).split()) >= min_words:
-                asks[i] = text
+    sampled = asker.decode_by_length({i: p for i, p in prefixes.items() if len(p) <= budget})
+    asks = {i: text for i, text in sampled.items() if len(_key(text).split()) >= min_words}
     log.info("self_instruct: %d/%d chats get a follow-up question", len(asks), len(chats))
     replies = replier.replies({i: chats[i].messages + [{"role": "user", "content": q}] for i, q in asks.items()})
     out = []
