@@ -135,6 +135,19 @@ def draft_ids_from(state: dict[str, torch.Tensor], directory: Path) -> torch.Ten
     return ids
 
 
+def top_up(ids: torch.Tensor, extra: torch.Tensor | None, size: int | None) -> torch.Tensor:
+    """`ids`, then the ids of `extra` it lacks (in `extra`'s order) until there are `size` (all of
+    them when `size` is None). [M] long
+
+    A small store sees fewer distinct tokens than the draft vocabulary holds; a head fine-tuned
+    on it keeps the rest of its starting head's vocabulary instead of losing those tokens. The
+    decoder tops a head's stored list up with the target's other ids the same way (`draft_vocab`)."""
+    if extra is None or (size and ids.numel() >= size):
+        return ids
+    missing = extra[~torch.isin(extra, ids)]
+    return torch.cat([ids, missing[: size - ids.numel() if size else None].to(ids.dtype)])
+
+
 def write_draft_vocab(directory: str | Path, ids: torch.Tensor) -> Path:
     """Add (or replace) the draft vocabulary of a saved head, keeping its weights' dtype."""
     head = load_head(directory)

@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from eagle.autotune import TreeBudget, describe, tune_tree
 from eagle.cache import commit_cache
-from eagle.checkpoint import Head, load_head
+from eagle.checkpoint import Head, load_head, top_up
 from eagle.draft import KVCache
 from eagle.draft3 import Eagle3Head, default_layers
 from eagle.lookup import lookup_chain, merge_chain
@@ -505,9 +505,7 @@ def _draft_vocabulary(head: Head, lm_head: nn.Linear, size: int | None) -> tuple
             raise ValueError(f"draft_vocab={size}: this EAGLE-3 head's lm_head has only {ids.numel()} rows")
         if size >= lm_head.out_features:
             return None, nn.Sequential(lm_head)
-        rest = torch.ones(lm_head.out_features, dtype=torch.bool)
-        rest[ids.cpu()] = False
-        ids = torch.cat([ids.cpu(), rest.nonzero().flatten()])[:size]
+        ids = top_up(ids.cpu(), torch.arange(lm_head.out_features), size)[:size]
     if isinstance(head, Eagle3Head):
         rows = head.lm_head if size is None else _rows(head.lm_head, torch.arange(ids.numel()))
         return None if ids is None else ids.to("cpu", torch.long), nn.Sequential(head.norm, rows)

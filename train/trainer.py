@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 from data_prep.store import FeatureStore
-from eagle.checkpoint import Head, build_head, load_head, resolve_head_dir, vocab_tensors
+from eagle.checkpoint import Head, build_head, load_head, resolve_head_dir, top_up, vocab_tensors
 from eagle.draft import DraftConfig
 from eagle.targets import local_device
 from train.acceptance import Judge, held_back_prompts
@@ -42,7 +42,7 @@ from train.frozen import Frozen, load_frozen
 from train.loss import (LossOutput, Pairs, eagle3_loss, eagle_loss, make_pairs, summarize, uniform_noise,
                         vocab_target)
 from train.unroll import unrolled_forward
-from train.vocab import draft_ids, token_counts, top_up
+from train.vocab import draft_ids, token_counts
 
 log = logging.getLogger("train")
 CHECKPOINTS = "checkpoints"

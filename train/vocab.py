@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from data_prep.store import FeatureStore
+from eagle.checkpoint import load_head, top_up, write_draft_vocab
 
 
 def token_counts(store: FeatureStore, indices: Iterable[int] | None = None, vocab_size: int | None = None) -> torch.Tensor:
@@ -44,18 +45,6 @@ def draft_ids(counts: torch.Tensor, size: int | None = None, seen_only: bool = T
     return order[:size] if size else order
 
 
-def top_up(ids: torch.Tensor, extra: torch.Tensor | None, size: int | None) -> torch.Tensor:
-    """`ids`, then the ids of `extra` it lacks (in `extra`'s order) until there are `size` (all of
-    them when `size` is None). [M] long
-
-    A small store sees fewer distinct tokens than the draft vocabulary holds; a head fine-tuned
-    on it keeps the rest of its starting head's vocabulary instead of losing those tokens."""
-    if extra is None or (size and ids.numel() >= size):
-        return ids
-    missing = extra[~torch.isin(extra, ids)]
-    return torch.cat([ids, missing[: size - ids.numel() if size else None].to(ids.dtype)])
-
-
 def coverage(counts: torch.Tensor, sizes: Iterable[int]) -> dict[int, float]:
     """Fraction of counted tokens inside the top-N ids, for each N."""
     ranked = torch.sort(counts, descending=True).values.cumsum(0).double()
@@ -75,8 +64,6 @@ def main(argv: list[str] | None = None) -> None:
     for n, c in coverage(counts, (1024, 2048, 4096, 8192, 12288, 16384, 32768)).items():
         print(f"top {n:>6}: {c:.4f} of {int(counts.sum()):,} assistant tokens")
     if args.head:
-        from eagle.checkpoint import load_head, write_draft_vocab
-
         ids = draft_ids(counts, args.size)
         if args.keep:
             kept = load_head(args.head).draft_ids
@@ -87,6 +74,7 @@ def main(argv: list[str] | None = None) -> None:
         write_draft_vocab(Path(args.head), ids)
         print(f"{args.head}: draft vocabulary of {ids.numel():,} ids written, covering "
               f"{float(counts[ids].sum() / counts.sum()):.4f} of the stores' assistant tokens")
+
 
 if __name__ == "__main__":
     main()
