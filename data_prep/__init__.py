@@ -1,3 +1,5 @@
-from data_prep.layers import register_resolvers
+"""data_prep: chats -> chat template and assistant-only loss mask -> frozen target features -> sharded store.
 
-register_resolvers()  # the config's ${eagle3_layers:...} / ${layers_tag:...} / ${offset_tag:...} resolve wherever data_prep is imported
+Importing the package does nothing; entry points that compose the Hydra config call
+`data_prep.resolvers.register_resolvers()` first.
+"""

@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from data_prep.conversations import DataError
 from data_prep.pipeline import prepare
+from data_prep.resolvers import register_resolvers
 from data_prep.store import OutOfSpace
 
 
@@ -28,4 +29,5 @@ if __name__ == "__main__":
 
     if message := unknown_model(sys.argv[1:]):
         sys.exit(message)
+    register_resolvers()
     main()

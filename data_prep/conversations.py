@@ -138,7 +138,7 @@ def _read_one(source: str, limit: int | None, split: str, offset: int = 0) -> tu
 
 def _locate(source: str) -> tuple[Path | str, str]:
     if source in PACKAGED:
-        from eagle.targets import packaged_file
+        from eagle.packaged import packaged_file
 
         path = packaged_file(*PACKAGED[source])
         return path, str(path)

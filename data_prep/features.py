@@ -1,9 +1,8 @@
 """Run the frozen target over tokenized records in length-bucketed batches.
 
-Feature layers index `hidden_states` as HF returns it: 0 is the embedding output, i the
-output of decoder layer i, and -1 the last one *after* the final norm (the input of
-`lm_head`, the EAGLE-1/2 feature). With only [-1] requested, the decoder is called
-directly (no hidden states of other layers, no `lm_head` over the vocabulary).
+Feature layers index `hidden_states` as HF returns it (eagle/feature_layers.py); -1 is the
+last one *after* the final norm, the EAGLE-1/2 feature. With only [-1] requested, the decoder
+is called directly (no hidden states of other layers, no `lm_head` over the vocabulary).
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from collections.abc import Iterator
 import torch
 
 from data_prep.store import Record
+from eagle.feature_layers import fused_layers
 
 
 def bucket_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:
@@ -44,7 +44,7 @@ def pad_batch(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.T
 @torch.inference_mode()
 def target_features(model, ids: torch.Tensor, attn: torch.Tensor, feature_layers: list[int]) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Last-layer features [B, S, H] and, for extra layers, [B, S, K*H] (else None)."""
-    extra = [i for i in feature_layers if i != -1]
+    extra = fused_layers(feature_layers)
     decoder = model.get_decoder()
     out = decoder(input_ids=ids, attention_mask=attn, use_cache=False, output_hidden_states=bool(extra))
     last = out.last_hidden_state  # [B, S, H], post final norm

@@ -33,7 +33,8 @@ from data_prep.store import (
     write_shard,
 )
 from data_prep.template import TemplateError, template_hash, tokenize_conversation
-from eagle.targets import load_target, load_tokenizer, resolve_target
+from eagle.targets import load_target, resolve_target
+from eagle.tokenizer import load_tokenizer
 
 log = logging.getLogger("data_prep")
 

@@ -20,7 +20,8 @@ from tqdm import tqdm
 from transformers import DynamicCache
 
 from data_prep.conversations import Conversation
-from eagle.targets import eos_token_ids, load_target
+from eagle.targets import load_target
+from eagle.tokenizer import eos_token_ids
 from eagle.verify import SamplingParams, sample
 
 log = logging.getLogger("data_prep")

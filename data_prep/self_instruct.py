@@ -35,8 +35,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep.conversations import Conversation
 from data_prep.regenerate import ReplyGenerator
+from data_prep.resolvers import register_resolvers
 from data_prep.store import write_json_atomic
-from eagle.targets import load_target, load_tokenizer, resolve_target
+from eagle.targets import load_target, resolve_target
+from eagle.tokenizer import load_tokenizer
 
 log = logging.getLogger("data_prep")
 
@@ -159,4 +161,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    register_resolvers()
     main()

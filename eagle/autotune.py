@@ -25,15 +25,13 @@ The choice maximises mean(accepted + 1) / (draft(d) + verify(n) + rest) over the
 the choices within `TOLERANCE` of the best it takes the cheapest step (the smallest tree),
 since timings cannot tell them apart and a small tree costs least when the estimate is off.
 
-    python -m eagle.autotune --head checkpoints/eagle-smollm2-135m-instruct --runs 4 --threads 1
-
-tunes several times in a row and prints each pick, to see how steady the choice is on a
-machine (and under whatever else runs on it).
+The tuner drives a model only through its public step API (`prefill`, `draft_candidates`,
+`verify`, `discard`, `step`; eagle/model.py). `python -m evaluation.autotune --runs 4` tunes
+several times in a row and prints each pick, to see how steady the choice is on a machine.
 """
 
 from __future__ import annotations
 
-import argparse
 import logging
 import statistics
 import time
@@ -42,9 +40,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eagle.cache import commit_cache
-from eagle.tree import build_tree, reindex_parents, select_nodes, tree_attention_mask
-from eagle.verify import SamplingParams
+from eagle.tokenizer import chat_prompt
+from eagle.tree import Tree, build_tree, reindex_parents, select_nodes
 
 log = logging.getLogger("eagle")
 
@@ -82,7 +79,7 @@ def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, dep
     rest: list[float] = []
     state = None
     for ids in prompts:
-        state, _ = model._prefill(ids, SamplingParams())
+        state, _ = model.prefill(ids)
         for _ in range(steps_per_prompt):
             state, seconds = _calibration_step(model, state, sizes, depths, accepted)
             rest.append(seconds)
@@ -136,9 +133,7 @@ def fitted_costs(ms: dict[int, float]) -> dict[int, float]:
 def calibration_prompts(model) -> list[torch.Tensor]:
     """Chat prompts through the tokenizer's template, or seeded random ids without a tokenizer."""
     if model.tokenizer is not None and getattr(model.tokenizer, "chat_template", None):
-        return [model.tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True,
-                                                    return_tensors="pt", return_dict=True)["input_ids"]
-                for t in CALIBRATION_TEXTS]
+        return [chat_prompt(model.tokenizer, [{"role": "user", "content": t}]) for t in CALIBRATION_TEXTS]
     vocab = model.target.get_input_embeddings().weight.shape[0]
     gen = torch.Generator().manual_seed(0)
     return [torch.randint(0, vocab, (1, 12), generator=gen) for _ in CALIBRATION_TEXTS]
@@ -148,17 +143,13 @@ def _calibration_step(model, state, sizes, depths, accepted) -> tuple[object, fl
     """Score every (n, d) on one step, then advance the greedy decoding.
 
     Returns (state, seconds of the step beyond its verify forward)."""
-    root = state.ids[0, -1:].cpu()
-    tokens, scores, parents = model._draft_candidates(state, depths[-1])  # [M]
+    tokens, scores, parents = model.draft_candidates(state, depths[-1])  # [M]
     kept = select_nodes(scores, parents, sizes[-1] - 1)
-    tree = build_tree(torch.cat([root, tokens[kept]]), reindex_parents(kept, parents))
-    past = state.committed
-    mask = tree_attention_mask(tree.ancestors, past, model._dtype).to(state.ids.device)
+    tree = build_tree(torch.cat([state.root, tokens[kept]]), reindex_parents(kept, parents))
     start = time.perf_counter()
-    logits, _ = model._target_forward(tree.tokens.to(state.ids.device), past + tree.depths.to(state.ids.device),
-                                      mask, state.target_cache)
+    logits = model.verify(state, tree).logits
     verify = time.perf_counter() - start
-    commit_cache(state.target_cache, past, torch.zeros(0, dtype=torch.long))  # undo: the real step re-verifies
+    model.discard(state)  # the real step below verifies again
     correct = _correct_candidates(tree, logits.argmax(-1).cpu(), kept, scores.numel())  # [M] bool
     depth = _depths(parents)  # [M]
     for d in depths:
@@ -169,11 +160,11 @@ def _calibration_step(model, state, sizes, depths, accepted) -> tuple[object, fl
             ok = correct[chosen]
             accepted[(n, d)].append(1 + (int(depth[chosen][ok].max()) if bool(ok.any()) else 0))
     start = time.perf_counter()
-    state, _ = model._step(state, tree, SamplingParams())
+    state, _ = model.step(state, tree)
     return state, time.perf_counter() - start - verify
 
 
-def _correct_candidates(tree, best: torch.Tensor, kept: torch.Tensor, m: int) -> torch.Tensor:
+def _correct_candidates(tree: Tree, best: torch.Tensor, kept: torch.Tensor, m: int) -> torch.Tensor:
     """[M] bool: candidate is in the tree and its whole root-to-node path is the target's greedy choice."""
     node_ok = torch.zeros(tree.size, dtype=torch.bool)
     node_ok[0] = True
@@ -195,19 +186,14 @@ def _depths(parents: torch.Tensor) -> torch.Tensor:
 
 
 def _verify_only(model, state, n: int) -> None:
-    """One target forward over an n-token tree (a chain of root children), then crop it away."""
-    past = state.committed
-    device = state.ids.device
-    ancestors = torch.ones(n, n, dtype=torch.bool).tril()
-    mask = tree_attention_mask(ancestors, past, model._dtype).to(device)
-    tokens = state.ids[0, -1:].expand(n).contiguous()
-    positions = past + torch.arange(n, device=device)
-    model._target_forward(tokens, positions, mask, state.target_cache)
-    commit_cache(state.target_cache, past, torch.zeros(0, dtype=torch.long))
+    """One target forward over an n-token tree (a chain repeating the root), then drop its rows."""
+    chain = build_tree(state.root.expand(n).contiguous(), torch.arange(-1, n - 1))
+    model.verify(state, chain)
+    model.discard(state)
 
 
 def _draft_only(model, state, depth: int) -> None:
-    model._draft_candidates(state, depth)
+    model.draft_candidates(state, depth)
 
 
 def describe(budget: TreeBudget) -> str:
@@ -220,33 +206,3 @@ def describe(budget: TreeBudget) -> str:
         lines.append(f"  depth {d} (draft {budget.draft_ms[d]:.1f} ms): " + ", ".join(
             f"n={r['total_token']} τ={r['tau']:.2f} {r['tokens_per_s']:.0f}/s" for r in rows))
     return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> list[TreeBudget]:
-    """Tune `--runs` times in a row on one loaded model and print each pick."""
-    from eagle.model import EaModel  # eagle.model imports this module
-
-    p = argparse.ArgumentParser(prog="python -m eagle.autotune", description=main.__doc__)
-    p.add_argument("--base", default="smollm2-135m-instruct", help="target: alias, folder or Hub id")
-    p.add_argument("--head", default="checkpoints/eagle-smollm2-135m-instruct", help="draft head folder or Hub id")
-    p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    p.add_argument("--top-k", type=int, default=8)
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None)
-    args = p.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model = EaModel.from_pretrained(args.base, args.head, torch_dtype=getattr(torch, args.dtype), top_k=args.top_k)
-    budgets = []
-    for run in range(args.runs):
-        start = time.perf_counter()
-        budgets.append(model.tune())
-        print(f"run {run + 1}/{args.runs} ({time.perf_counter() - start:.0f} s): {describe(budgets[-1])}", flush=True)
-    picks = [(b.total_token, b.depth) for b in budgets]
-    print(f"picks (total_token, depth): {picks}; expected tok/s "
-          f"{', '.join(f'{b.tokens_per_second:.1f}' for b in budgets)}")
-    return budgets
-
-
-if __name__ == "__main__":
-    main()

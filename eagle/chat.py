@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 
+import eagle.settings as tree_settings
 from eagle.targets import EMBEDDED_DEFAULT
 
 SHIPPED_HEAD = Path(__file__).resolve().parents[1] / "checkpoints" / "eagle-smollm2-135m-instruct"
@@ -28,11 +29,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--head", default=str(SHIPPED_HEAD), help="draft head folder or Hub id")
     p.add_argument("--random-head", action="store_true", help="untrained head (tau about 1; for trying the pipeline)")
     p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16")
-    p.add_argument("--tree", default="dynamic", choices=["dynamic", "static"])
-    p.add_argument("--total-token", type=_budget, default=24, help="tree budget, or 'auto' (timed at load)")
-    p.add_argument("--lookup", type=int, default=0, help="also draft N tokens by prompt lookup (0 = off)")
-    p.add_argument("--depth", type=int, default=5)
-    p.add_argument("--top-k-draft", type=int, default=8, help="draft branching factor of the dynamic tree")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -40,6 +36,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--system", default=None, help="system prompt (default: the template's own)")
     p.add_argument("--chat-template", default=None, help="template name, .jinja file or template text")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")
+    tree_settings.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -57,7 +54,8 @@ def build_model(args: argparse.Namespace):
     from eagle.checkpoint import load_head
     from eagle.draft import DraftConfig, DraftHead
     from eagle.model import EaModel
-    from eagle.targets import load_tokenizer, resolve_target
+    from eagle.targets import resolve_target
+    from eagle.tokenizer import load_tokenizer
 
     dtype = DTYPES[args.dtype]
     folder = resolve_target(args.target)
@@ -67,8 +65,7 @@ def build_model(args: argparse.Namespace):
         head = DraftHead(DraftConfig.from_target_config(target.config, target=args.target)).to(dtype)
     else:
         head = load_head(args.head, dtype=dtype)
-    return EaModel(target, head, tokenizer, total_token=args.total_token, depth=args.depth, lookup=args.lookup,
-                   top_k=args.top_k_draft, tree=args.tree)
+    return EaModel.from_modules(target, head, tokenizer, tree_settings.from_arguments(args))
 
 
 def read_turns(interactive: bool):
@@ -87,9 +84,10 @@ def read_turns(interactive: bool):
 
 def reply(model, messages: list[dict], args: argparse.Namespace) -> str:
     """Stream one assistant reply to stdout and return its text."""
+    from eagle.tokenizer import chat_prompt
+
     tokenizer = model.tokenizer
-    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
-                                        return_tensors="pt")["input_ids"]  # [1, S]
+    ids = chat_prompt(tokenizer, messages)  # [1, S]
     new: list[int] = []
     shown = ""
     stream = model.ea_generate(ids, args.temperature, args.top_p, args.top_k, args.max_new_tokens,
@@ -135,12 +133,6 @@ def main(argv: list[str] | None = None) -> int:
         messages.append({"role": "user", "content": line})
         messages.append({"role": "assistant", "content": reply(model, messages, args)})
     return 0
-
-
-
-
-def _budget(text: str) -> int | str:
-    return text if text == "auto" else int(text)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,8 @@ LlamaConfig-style `config.json` (EAGLE-3: `LlamaForCausalLMEagle3`, `draft_vocab
 `pytorch_model.bin` or `model.safetensors`, possibly carrying an `embed_tokens.weight` that
 belongs to the target and is ignored here.
 
-A head may carry a *draft vocabulary* (the target ids it may propose, most frequent first)
-in EAGLE-3's two tensors: `d2t [N]` int64 offsets (target id of draft id i = i + d2t[i])
-and `t2d [V]` bool (which target ids are in it). It loads as `head.draft_ids` ([N] target
-ids, or None for the whole vocabulary).
+A head may carry a *draft vocabulary* (eagle/vocab.py) as EAGLE-3's `d2t`/`t2d` tensors; it
+loads as `head.draft_ids` ([N] target ids, or None for the whole vocabulary).
 """
 
 from __future__ import annotations
@@ -24,11 +22,11 @@ from safetensors.torch import load_file, save_file
 
 from eagle.draft import DraftConfig, DraftHead
 from eagle.draft3 import Eagle3Head
+from eagle.vocab import STORED_KEYS, ids_from_stored, stored_tensors
 
 WEIGHTS = "model.safetensors"
 LEGACY_WEIGHTS = "pytorch_model.bin"
 TARGET_KEYS = ("embed_tokens.weight",)  # the target's, when a published head carries a copy
-VOCAB_KEYS = ("d2t", "t2d")
 Head = DraftHead | Eagle3Head
 
 
@@ -49,7 +47,7 @@ def save_head(
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()}
     if head.draft_ids is not None:
-        state.update(vocab_tensors(head.draft_ids, head.config.vocab_size))
+        state.update(stored_tensors(head.draft_ids, head.config.vocab_size))
     save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
     (tmp / "config.json").write_text(head.config.to_json())
     if card is not None:
@@ -62,6 +60,14 @@ def save_head(
     else:
         os.replace(tmp, directory)
     return directory
+
+
+def head_from_state(state: dict[str, torch.Tensor], config: DraftConfig, draft_ids: torch.Tensor | None = None) -> Head:
+    """A head of `config` (fp32) holding a full state dict (e.g. the trainer's) and its draft vocabulary."""
+    head = build_head(config)
+    head.load_state_dict({k: v.float() for k, v in state.items()})
+    head.draft_ids = draft_ids
+    return head
 
 
 def resolve_head_dir(name_or_path: str | Path) -> Path:
@@ -94,8 +100,8 @@ def load_head(name_or_path: str | Path, dtype: torch.dtype | None = None, device
         state = torch.load(directory / LEGACY_WEIGHTS, map_location="cpu", weights_only=True)
     else:
         raise FileNotFoundError(f"{directory}: neither {WEIGHTS} nor {LEGACY_WEIGHTS}")
-    draft_ids = draft_ids_from(state, directory)
-    ignored = TARGET_KEYS + VOCAB_KEYS + (("lm_head.weight",) if cfg.architecture == "eagle2" else ())
+    draft_ids = ids_from_stored(state, directory)
+    ignored = TARGET_KEYS + STORED_KEYS + (("lm_head.weight",) if cfg.architecture == "eagle2" else ())
     state = {k: v for k, v in state.items() if k not in ignored}
     if "fc.bias" not in state:
         cfg.fc_bias = False
@@ -113,39 +119,6 @@ def load_head(name_or_path: str | Path, dtype: torch.dtype | None = None, device
                          f"{'no' if draft_ids is None else len(draft_ids)} draft ids")
     head.draft_ids = draft_ids
     return head.to(device=device, dtype=dtype or next(iter(state.values())).dtype).eval()
-
-
-def vocab_tensors(ids: torch.Tensor, vocab_size: int) -> dict[str, torch.Tensor]:
-    """EAGLE-3's `d2t` offsets [N] and `t2d` membership [V] for draft ids -> target ids [N]."""
-    ids = ids.to("cpu", torch.int64)
-    if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != ids.numel():
-        raise ValueError(f"a draft vocabulary needs distinct target ids in [0, {vocab_size})")
-    t2d = torch.zeros(vocab_size, dtype=torch.bool)
-    t2d[ids] = True
-    return {"d2t": ids - torch.arange(ids.numel()), "t2d": t2d}
-
-
-def draft_ids_from(state: dict[str, torch.Tensor], directory: Path) -> torch.Tensor | None:
-    """Target ids [N] of a stored draft vocabulary, or None when the head has none."""
-    if "d2t" not in state:
-        return None
-    ids = state["d2t"].to(torch.int64) + torch.arange(state["d2t"].numel())
-    if "t2d" in state and int(state["t2d"].sum()) != ids.numel():
-        raise ValueError(f"{directory}: d2t ({ids.numel()} ids) and t2d ({int(state['t2d'].sum())} ids) disagree")
-    return ids
-
-
-def top_up(ids: torch.Tensor, extra: torch.Tensor | None, size: int | None) -> torch.Tensor:
-    """`ids`, then the ids of `extra` it lacks (in `extra`'s order) until there are `size` (all of
-    them when `size` is None). [M] long
-
-    A small store sees fewer distinct tokens than the draft vocabulary holds; a head fine-tuned
-    on it keeps the rest of its starting head's vocabulary instead of losing those tokens. The
-    decoder tops a head's stored list up with the target's other ids the same way (`draft_vocab`)."""
-    if extra is None or (size and ids.numel() >= size):
-        return ids
-    missing = extra[~torch.isin(extra, ids)]
-    return torch.cat([ids, missing[: size - ids.numel() if size else None].to(ids.dtype)])
 
 
 def write_draft_vocab(directory: str | Path, ids: torch.Tensor) -> Path:

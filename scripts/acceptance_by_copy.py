@@ -11,7 +11,7 @@ Decodes the first turns of MT-bench and of held-out ShareGPT greedily with each 
 τ = tokens per target forward, so the drafted share is 1 − 1/τ. Splitting it by copy / free
 tokens tells whether a prompt set is harder because it has fewer copies or because the head
 is worse on its free text. The last column is the share of new tokens outside the draft
-vocabulary the decoder proposes from (`--draft-vocab`, as in eagle.bench): the head can never
+vocabulary the decoder proposes from (`--draft-vocab`, as in evaluation.bench): the head can never
 draft those.
 """
 
@@ -24,6 +24,7 @@ from prompt_sets import first_turn_ids, parser, setup
 
 from eagle.checkpoint import load_head
 from eagle.model import EaModel
+from eagle.settings import TreeSettings
 
 
 @dataclass
@@ -78,15 +79,16 @@ def copy_flags(seq: list[int], prompt_len: int) -> list[bool]:
 def main() -> None:
     ap = parser(__doc__)
     ap.add_argument("heads", nargs="*", default=["checkpoints/eagle-smollm2-135m-instruct"])
-    ap.add_argument("--draft-vocab", type=int, default=None, help="as eagle.bench's (the target's vocabulary size: all)")
+    ap.add_argument("--draft-vocab", type=int, default=None, help="as evaluation.bench's (the target's vocabulary size: all)")
     args = ap.parse_args()
     tok, target, sets = setup(args)
     print("| head | prompts | τ | new tokens | copy share | drafted, copy tokens | drafted, free tokens | outside the draft vocabulary |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for path in args.heads:
-        model = EaModel(target, load_head(path, dtype=torch.bfloat16), tok, total_token=60, depth=6, top_k=10,
-                        draft_vocab=args.draft_vocab)
-        vocab = None if model._draft_ids is None else set(model._draft_ids.tolist())
+        settings = TreeSettings(total_token=60, depth=6, top_k=10, draft_vocab=args.draft_vocab)
+        model = EaModel(target, load_head(path, dtype=torch.bfloat16), tok, settings)
+        ids = model.drafter.vocab.ids
+        vocab = None if ids is None else set(ids.tolist())
         for name, questions in sets.items():
             split = Split()
             for q in questions:

@@ -37,7 +37,7 @@ if [ -f "$REPORT/results.json" ] && [ "$REPORT/results.json" -nt "$OUT/head/mode
 else
   METHODS=vanilla,eagle2@fresh,eagle2
   if [ -f checkpoints/eagle3-smollm2-135m-instruct/config.json ]; then METHODS=$METHODS,eagle3; fi
-  $PY -m eagle.bench --heads fresh="$OUT/head" --methods "$METHODS" \
+  $PY -m evaluation.bench --heads fresh="$OUT/head" --methods "$METHODS" \
     --prompts mtbench --per-category "$PER_CATEGORY" --turns 1 --max-new-tokens 96 --total-token auto --out "$REPORT"
 fi
 

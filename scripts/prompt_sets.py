@@ -7,8 +7,9 @@ import argparse
 
 import torch
 
-from eagle.bench import Question, first_per_category, load_questions, sharegpt_heldout
-from eagle.targets import load_target, load_tokenizer, resolve_target
+from data_prep.prompts import Question, first_per_category, load_questions, sharegpt_heldout
+from eagle.targets import load_target, resolve_target
+from eagle.tokenizer import chat_prompt, load_tokenizer
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
@@ -34,5 +35,4 @@ def setup(args: argparse.Namespace):
 
 def first_turn_ids(tok, question: Question) -> torch.Tensor:
     """The chat-templated first turn, ready for the assistant's reply. [1, P]"""
-    return tok.apply_chat_template([{"role": "user", "content": question.turns[0]}], add_generation_prompt=True,
-                                   return_tensors="pt", return_dict=True)["input_ids"]
+    return chat_prompt(tok, [{"role": "user", "content": question.turns[0]}])

@@ -1,12 +1,14 @@
-"""Shared test fixtures: tiny seeded random Llama targets built in memory."""
+"""Shared test fixtures (helpers: tests/tiny.py)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
-import data_prep  # noqa: F401  registers the resolvers the Hydra configs use, for tests that compose them
+from data_prep.resolvers import register_resolvers
+from tests.tiny import embedded_target_or_skip, tiny_llama
+
+register_resolvers()  # for the tests that compose the Hydra config, as the entry points do
 
 
 @pytest.fixture(autouse=True)
@@ -19,38 +21,15 @@ def _single_thread():
     torch.set_num_threads(threads)
 
 
-def tiny_llama(seed: int = 0, vocab_size: int = 128, hidden_size: int = 64, layers: int = 2,
-               dtype: torch.dtype = torch.float32) -> LlamaForCausalLM:
-    """A seeded random Llama small enough for unit tests (sdpa attention, eval mode)."""
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-        max_position_embeddings=512, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-        tie_word_embeddings=False, attn_implementation="sdpa",
-    )
-    return LlamaForCausalLM(cfg).to(dtype).eval()
-
-
 @pytest.fixture
 def tiny_target():
     return tiny_llama()
 
 
-def embedded_target_or_skip():
-    """Path of the converted embedded default; skip when its package is not installed."""
-    from eagle.targets import resolve_target
-
-    try:
-        return resolve_target("smollm2-135m-instruct")
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
-
-
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """A tiny random Llama saved as a HF folder with the embedded default's ChatML tokenizer."""
-    from eagle.targets import load_tokenizer
+    from eagle.tokenizer import load_tokenizer
 
     embedded = embedded_target_or_skip()
     out = tmp_path_factory.mktemp("tiny_target")

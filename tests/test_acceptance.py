@@ -1,4 +1,4 @@
-"""τ by real decoding (train.acceptance) and its hook in the trainer, on tiny random models."""
+"""τ by real decoding (train.judge) and its hook in the trainer, on tiny random models."""
 
 from __future__ import annotations
 
@@ -11,13 +11,14 @@ from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from conftest import tiny_llama
-from test_model import bigram_head, random_head
+from data_prep.prompts import held_back_prompts, load_questions
 from eagle.draft import DraftConfig
 from eagle.model import EaModel
-from train.acceptance import CHAIN, Judge, count_tau, held_back_prompts
+from eagle.settings import TreeSettings
+from tests.tiny import bigram_head, random_head, tiny_llama, write_tiny_store
 from train.config import validate
-from train.testing import write_tiny_store
+from train.judge import CHAIN, Judge, count_tau
+from train.tracking import Tracker
 from train.trainer import Trainer
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -77,7 +78,7 @@ def test_tau_counts_match_the_decoded_tokens_and_target_loads_once():
 
 def test_count_tau_sums_last_stats_per_prompt():
     target = tiny_llama(seed=2)
-    model = EaModel(target, random_head(target), tree=CHAIN)
+    model = EaModel(target, random_head(target), settings=TreeSettings(tree=CHAIN))
     count = count_tau(model, prompts(2), max_new_tokens=9)
     steps = 0
     for p in prompts(2):
@@ -120,7 +121,6 @@ def test_held_back_prompts_cover_mtbench_categories():
         texts = held_back_prompts("mtbench", 8)
     except FileNotFoundError as e:
         pytest.skip(str(e))
-    from eagle.bench import load_questions
 
     by_text = {q.turns[0]: q.category for q in load_questions("mtbench")}
     assert len({by_text[t] for t in texts}) == 8
@@ -153,6 +153,8 @@ def make_cfg(tiny_dir, store, out: Path, *extra: str):
 class RecordingRun:
     """Stands in for a wandb run: keeps what the trainer logs."""
 
+    id = "recorded"
+
     def __init__(self):
         self.logged: list[tuple[int, dict]] = []
         self.summary: dict = {}
@@ -166,7 +168,7 @@ class RecordingRun:
 
 def test_training_reports_tau_every_n_steps_and_at_the_end(tiny_dir, chat_store, tmp_path, monkeypatch, capsys):
     run = RecordingRun()
-    monkeypatch.setattr(Trainer, "_wandb_start", lambda self: run)
+    monkeypatch.setattr(Trainer, "_tracker", lambda self: Tracker(run))
     trainer = Trainer(make_cfg(tiny_dir, chat_store, tmp_path / "tau", "train.tau_every=2"))
     result = trainer.fit()
     assert [h["step"] for h in result.tau_history] == [2, 4, 5]
@@ -199,7 +201,7 @@ def test_torchrun_two_processes_zero3_reports_tau(tiny_dir, chat_store, tmp_path
     import subprocess
     import sys
 
-    from test_train_engine import clean_env
+    from tests.tiny import clean_env
     from train.engine import free_port
 
     args = ["+model=smollm2_135m", f"model.path={tiny_dir}", f"store_dir={chat_store}", f"output_dir={tmp_path}",

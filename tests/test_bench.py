@@ -4,7 +4,9 @@ import json
 
 import torch
 
-from eagle.bench import Run, load_questions, main, markdown, n_alpha, summarize
+from data_prep.prompts import load_questions
+from evaluation.bench import main
+from evaluation.report import Run, markdown, n_alpha, summarize
 
 
 def test_n_alpha_from_accept_lengths():
@@ -40,9 +42,10 @@ def test_user_jsonl_and_bad_record(tmp_path):
 
 
 def test_end_to_end_on_tiny_target(tiny_dir, tmp_path):
+    from transformers import AutoConfig
+
     from eagle.checkpoint import save_head
     from eagle.draft import DraftConfig, DraftHead
-    from transformers import AutoConfig
 
     torch.manual_seed(0)
     head = DraftHead(DraftConfig.from_target_config(AutoConfig.from_pretrained(tiny_dir)))
@@ -50,8 +53,9 @@ def test_end_to_end_on_tiny_target(tiny_dir, tmp_path):
     qfile = tmp_path / "q.jsonl"
     qfile.write_text("\n".join(json.dumps({"question_id": i, "category": "c%d" % (i % 2), "turns": ["Hi %d" % i, "More"]})
                                for i in range(2)))
-    from test_eagle3 import random_eagle3_head
     from transformers import AutoModelForCausalLM
+
+    from tests.tiny import random_eagle3_head
 
     target = AutoModelForCausalLM.from_pretrained(tiny_dir)
     save_head(tmp_path / "head3", random_eagle3_head(target, vocab_ids=torch.arange(40, 100)), dtype=torch.float32)

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_llama
 from transformers import DynamicCache
 
-from eagle.cache import commit_cache, commit_rows
+from eagle.kv_commit import commit_cache, commit_rows
 from eagle.tree import build_tree, tree_attention_mask
-
+from tests.tiny import tiny_llama
 
 
 def test_commit_rows_handles_overlap():

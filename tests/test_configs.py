@@ -67,3 +67,23 @@ def test_the_shipped_recipe_chains_its_stages():
     assert stage3.train.init_head == f"{stage2.output_dir}/head"
     assert stage3.store_dir == stage2.store_dir and stage3.data.regenerate
     assert (stage2.train.ttt_steps, stage3.train.ttt_steps) == (2, 4)
+
+
+def test_the_train_defaults_have_one_value_each():
+    """conf/config.yaml's train/wandb/hub sections (what `--cfg job` prints) hold exactly the
+    schema's keys and defaults (train/config.py): the two cannot drift apart."""
+    from train.config import SCHEMAS
+
+    yaml = OmegaConf.load(CONF / "config.yaml")
+    for section, schema in SCHEMAS.items():
+        assert OmegaConf.to_container(yaml[section]) == OmegaConf.to_container(OmegaConf.structured(schema)), section
+
+
+def test_importing_data_prep_registers_nothing():
+    """Resolvers are registered by the entry points (data_prep.resolvers), not as an import side effect."""
+    import subprocess
+    import sys
+
+    code = "import data_prep, train.config; from omegaconf import OmegaConf; print(OmegaConf.has_resolver('layers_tag'))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=CONF.parent, timeout=120)
+    assert out.stdout.strip() == "False", out.stderr

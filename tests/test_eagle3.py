@@ -7,36 +7,22 @@ import json
 
 import pytest
 import torch
-from conftest import tiny_llama
-from test_model import TREES, hf_greedy, prompt
 
 from eagle.checkpoint import load_head, save_head
 from eagle.draft import DraftConfig
-from eagle.draft3 import Eagle3Head, default_layers
+from eagle.draft3 import Eagle3Head
+from eagle.feature_layers import default_fused
 from eagle.model import EaModel
+from eagle.settings import TreeSettings
+from tests.tiny import TREES, hf_greedy, prompt, random_eagle3_head, subset, tiny_llama
 from train.loss import eagle3_loss, vocab_target
 
 
-def random_eagle3_head(target, layers=(0, 1), vocab_ids: torch.Tensor | None = None, seed: int = 0) -> Eagle3Head:
-    """A seeded random EAGLE-3 head reading `layers` of `target`, over `vocab_ids` (None = all)."""
-    cfg = DraftConfig.from_target_config(target.config)
-    cfg.architecture, cfg.feature_layers, cfg.fc_bias = "eagle3", list(layers), False
-    cfg.draft_vocab_size = cfg.vocab_size if vocab_ids is None else vocab_ids.numel()
-    torch.manual_seed(seed)
-    head = Eagle3Head(cfg).eval()
-    head.draft_ids = vocab_ids
-    return head
-
-
-def subset(vocab: int, n: int, seed: int) -> torch.Tensor:
-    return torch.randperm(vocab, generator=torch.Generator().manual_seed(seed))[:n]
-
-
 def test_default_layers_follow_the_paper():
-    assert default_layers(32) == [2, 16, 29]
-    assert default_layers(30) == [2, 15, 27]
+    assert default_fused(32) == [2, 16, 29]
+    assert default_fused(30) == [2, 15, 27]
     with pytest.raises(ValueError, match="too shallow"):
-        default_layers(4)
+        default_fused(4)
 
 
 def test_forward_fuses_wide_inputs_and_feeds_back_its_own_states():
@@ -57,7 +43,7 @@ def test_forward_fuses_wide_inputs_and_feeds_back_its_own_states():
 def test_greedy_equals_hf_generate(seed, tree, vocab):
     target = tiny_llama(seed)
     ids = subset(128, 48, seed) if vocab == "subset" else None
-    model = EaModel(target, random_eagle3_head(target, vocab_ids=ids, seed=seed + 10), **TREES[tree])
+    model = EaModel(target, random_eagle3_head(target, vocab_ids=ids, seed=seed + 10), settings=TREES[tree])
     for p in range(2):
         x = prompt(10 * seed + p, 3 + 4 * p)
         assert torch.equal(model.eagenerate(x, max_new_tokens=24), hf_greedy(target, x, 24))
@@ -66,11 +52,11 @@ def test_greedy_equals_hf_generate(seed, tree, vocab):
 def test_draft_tokens_come_from_the_draft_vocabulary():
     target = tiny_llama(1)
     ids = subset(128, 20, 1)
-    model = EaModel(target, random_eagle3_head(target, vocab_ids=ids), total_token=12, depth=4, top_k=3)
+    model = EaModel(target, random_eagle3_head(target, vocab_ids=ids), settings=TreeSettings(total_token=12, depth=4, top_k=3))
     x = prompt(1, 6)
     model.eagenerate(x, max_new_tokens=4)
-    state, _ = model._prefill(x, model_params())
-    tree = model._draft_tree(state)
+    state, _ = model.prefill(x, model_params())
+    tree = model.draft(state)
     assert set(tree.tokens[1:].tolist()) <= set(ids.tolist())
     assert model.draft_vocab_size == 20
 
@@ -117,8 +103,8 @@ def test_authors_layout_loads_and_decodes_losslessly(tmp_path):
     torch.save(state, folder / "pytorch_model.bin")
     loaded = load_head(folder)
     assert isinstance(loaded, Eagle3Head) and torch.equal(loaded.draft_ids, ids)
-    model = EaModel(target, loaded, total_token=12, depth=4, top_k=3)
-    assert model._feature_layers == [2, 3, 4]
+    model = EaModel(target, loaded, settings=TreeSettings(total_token=12, depth=4, top_k=3))
+    assert model.feature_layers == [2, 3, 4]
     x = prompt(4, 7)
     assert torch.equal(model.eagenerate(x, max_new_tokens=20), hf_greedy(target, x, 20))
 

@@ -1,13 +1,15 @@
 """Prompt lookup as a tree branch: chain search, merging into a tree, lossless decoding."""
 
+from dataclasses import replace
+
 import pytest
 import torch
-from conftest import tiny_llama
-from test_model import TREES, hf_greedy, near_bigram_pair, random_head
 
 from eagle.lookup import lookup_chain, merge_chain
 from eagle.model import EaModel
+from eagle.settings import TreeSettings
 from eagle.tree import build_tree
+from tests.tiny import TREES, hf_greedy, near_bigram_pair, random_head, tiny_llama
 
 
 def test_lookup_chain_prefers_longer_and_more_recent_matches():
@@ -33,7 +35,7 @@ def test_merge_chain_follows_existing_nodes_then_branches():
 @pytest.mark.parametrize("seed", range(4))
 def test_greedy_equality_with_lookup(seed, tree):
     target = tiny_llama(seed)
-    model = EaModel(target, random_head(target, seed), **TREES[tree], lookup=6)
+    model = EaModel(target, random_head(target, seed), settings=replace(TREES[tree], lookup=6))
     period = torch.randint(3, 128, (5,), generator=torch.Generator().manual_seed(seed))
     ids = period.repeat(3)[None]  # a repetitive prompt: lookup finds matches
     ref = hf_greedy(target, ids, 32)
@@ -43,8 +45,8 @@ def test_greedy_equality_with_lookup(seed, tree):
 def test_lookup_lifts_tau_on_repetitive_output():
     target, head = near_bigram_pair(3)  # greedy output of a bigram-like target falls into a cycle
     ids = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(0))
-    plain = EaModel(target, head, total_token=4, depth=2, top_k=2)
-    looked = EaModel(target, head, total_token=4, depth=2, top_k=2, lookup=8)
+    plain = EaModel(target, head, settings=TreeSettings(total_token=4, depth=2, top_k=2))
+    looked = EaModel(target, head, settings=TreeSettings(total_token=4, depth=2, top_k=2, lookup=8))
     ref = hf_greedy(target, ids, 60)
     assert torch.equal(plain.eagenerate(ids, max_new_tokens=60), ref)
     assert torch.equal(looked.eagenerate(ids, max_new_tokens=60), ref)

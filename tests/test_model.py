@@ -4,76 +4,27 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 
 import pytest
 import torch
-from conftest import embedded_target_or_skip, tiny_llama
 from transformers import LlamaConfig
 
 from eagle.checkpoint import load_head, save_head, write_draft_vocab
-from eagle.draft import DraftConfig, DraftHead
-from eagle.model import EaModel, _DraftCache
+from eagle.draft import DraftHead
+from eagle.drafter import DraftCache
+from eagle.model import EaModel
+from eagle.settings import TreeSettings
 from eagle.tree import static_tree
 from eagle.verify import SamplingParams
-
-
-
-TREES = {
-    "dynamic": dict(tree="dynamic", total_token=12, depth=4, top_k=3),
-    "static": dict(tree="static"),
-    "chain": dict(tree=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]]),
-}
-
-
-def random_head(target, seed: int = 0, layers: int = 1) -> DraftHead:
-    torch.manual_seed(seed)
-    cfg = DraftConfig.from_target_config(target.config)
-    cfg.num_hidden_layers = layers
-    return DraftHead(cfg).eval()
-
-
-def near_bigram_pair(seed: int, vocab_size: int = 128, coupling: float = 0.15):
-    """A target that is mostly a bigram model, and a head that drafts that bigram exactly.
-
-    The target's attention and MLP outputs are scaled by `coupling`, so its feature at t is
-    close to norm(embed(x_t)) and its next token mostly depends on x_t. The head maps
-    (embed(x_{t+1}), f_t) to embed(x_{t+1}) (fc = [I, 0], attention and MLP zeroed), so its
-    draft logits are lm_head(embed(x)): the target's bigram up to a positive scale. Greedy
-    drafts are then usually right and acceptance lengths > 1 are common, but not always.
-    """
-    target = tiny_llama(seed, vocab_size=vocab_size)
-    with torch.no_grad():
-        for layer in target.model.layers:
-            layer.self_attn.o_proj.weight.mul_(coupling)
-            layer.mlp.down_proj.weight.mul_(coupling)
-    return target, bigram_head(target, seed)
-
-
-def bigram_head(target, seed: int = 0) -> DraftHead:
-    """A head whose output is the embedding of its input token: fc = [I, 0], attention and MLP zeroed."""
-    head = random_head(target, seed)
-    h = target.config.hidden_size
-    with torch.no_grad():
-        head.fc.weight.copy_(torch.cat([torch.eye(h), torch.zeros(h, h)], dim=1))
-        head.fc.bias.zero_()
-        head.layers[0].self_attn.o_proj.weight.zero_()
-        head.layers[0].mlp.down_proj.weight.zero_()
-    return head
-
-
-def prompt(seed: int, length: int, vocab: int = 128) -> torch.Tensor:
-    return torch.randint(3, vocab, (1, length), generator=torch.Generator().manual_seed(seed))
-
-
-def hf_greedy(target, ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
-    return target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(ids))
+from tests.tiny import TREES, embedded_target_or_skip, hf_greedy, near_bigram_pair, prompt, random_head, tiny_llama
 
 
 @pytest.mark.parametrize("tree", list(TREES))
 @pytest.mark.parametrize("seed", range(8))
 def test_greedy_equals_hf_generate_random_head(seed, tree):
     target = tiny_llama(seed)
-    model = EaModel(target, random_head(target, seed + 10, layers=1 + seed % 2), **TREES[tree])  # odd seeds: 2 layers
+    model = EaModel(target, random_head(target, seed + 10, layers=1 + seed % 2), settings=TREES[tree])  # odd seeds: 2 layers
     for p in range(2):
         ids = prompt(10 * seed + p, 3 + 4 * p)
         ref = hf_greedy(target, ids, 24)
@@ -84,7 +35,7 @@ def test_greedy_equals_hf_generate_random_head(seed, tree):
 @pytest.mark.parametrize("seed", range(8))
 def test_greedy_equals_hf_generate_with_high_acceptance(seed, tree):
     target, head = near_bigram_pair(seed)
-    model = EaModel(target, head, **TREES[tree])
+    model = EaModel(target, head, settings=TREES[tree])
     accepted = []
     for p in range(2):
         ids = prompt(10 * seed + p, 4 + 3 * p)
@@ -95,10 +46,10 @@ def test_greedy_equals_hf_generate_with_high_acceptance(seed, tree):
     assert sum(accepted) / len(accepted) > 1.5
 
 
-@pytest.mark.parametrize("sizes", [dict(total_token=200, depth=3, top_k=50), dict(total_token=2, depth=1, top_k=1)])
+@pytest.mark.parametrize("sizes", [TreeSettings(total_token=200, depth=3, top_k=50), TreeSettings(total_token=2, depth=1, top_k=1)])
 def test_extreme_tree_sizes(sizes):
     target, head = near_bigram_pair(6, vocab_size=16)
-    model = EaModel(target, head, **sizes)  # top_k above the vocabulary, a pool smaller than total_token
+    model = EaModel(target, head, settings=sizes)  # top_k above the vocabulary, a pool smaller than total_token
     ids = prompt(3, 4, vocab=16)
     assert torch.equal(model.eagenerate(ids, max_new_tokens=20), hf_greedy(target, ids, 20))
 
@@ -122,7 +73,7 @@ def causal_draft_outputs(model: EaModel, state, tree) -> dict[int, torch.Tensor]
             past, feature = state.head_past, state.draft_hidden
             for n in path[1:]:
                 position = torch.tensor([past[0].shape[2]])  # the next row of a causal sequence
-                hidden, past = model._head_forward(feature, tree.tokens[n : n + 1], position, None, past)
+                hidden, past = model.drafter.encode(feature, tree.tokens[n : n + 1], position, None, past)
                 feature = hidden
             outputs[node] = feature[0]
     return outputs
@@ -132,15 +83,15 @@ def causal_draft_outputs(model: EaModel, state, tree) -> dict[int, torch.Tensor]
 def test_drafted_nodes_follow_causal_head_passes(seed):
     """Tree drafting (tree mask over the head's cache) matches a causal pass per path."""
     target = tiny_llama(seed)
-    model = EaModel(target, random_head(target, seed), total_token=20, depth=4, top_k=4)
-    state, _ = model._prefill(prompt(seed, 7), SamplingParams())
+    model = EaModel(target, random_head(target, seed), settings=TreeSettings(total_token=20, depth=4, top_k=4))
+    state, _ = model.prefill(prompt(seed, 7), SamplingParams())
     for shape in (None, static_tree([[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]])):
         model.static = shape
-        tree = model._draft_tree(state)
+        tree = model.draft(state)
         outputs = causal_draft_outputs(model, state, tree)
         for node in range(1, tree.size):
             parent = int(tree.parents[node])
-            logp = model._draft_logp(outputs[parent][None])[0]
+            logp = model.drafter.logp(outputs[parent][None])[0]
             if shape is None:  # dynamic: a top-k child of its parent
                 assert int(tree.tokens[node]) in logp.topk(4).indices.tolist()
             else:  # static: exactly the rank its path names
@@ -158,19 +109,19 @@ def test_draft_cache_feed_equals_causal_head_passes(layers):
             layer.self_attn.q_proj.weight.mul_(8)
             layer.self_attn.k_proj.weight.mul_(8)
     model = EaModel(target, head)
-    state, _ = model._prefill(prompt(1, 6), SamplingParams())
-    drafts = _DraftCache(state)
+    state, _ = model.prefill(prompt(1, 6), SamplingParams())
+    drafts = DraftCache(state)
     with torch.no_grad():
-        out1, rows1 = drafts.feed(model, torch.tensor([10, 11]), state.draft_hidden.expand(2, -1),
+        out1, rows1 = drafts.feed(model.drafter, torch.tensor([10, 11]), state.draft_hidden.expand(2, -1),
                                   torch.tensor([-1, -1]), depth=1)
-        out2, rows2 = drafts.feed(model, torch.tensor([12, 13, 14]), out1[[0, 1, 0]], rows1[[0, 1, 0]], depth=2)
-        out3, _ = drafts.feed(model, torch.tensor([15]), out2[[2]], rows2[[2]], depth=3)
+        out2, rows2 = drafts.feed(model.drafter, torch.tensor([12, 13, 14]), out1[[0, 1, 0]], rows1[[0, 1, 0]], depth=2)
+        out3, _ = drafts.feed(model.drafter, torch.tensor([15]), out2[[2]], rows2[[2]], depth=3)
         for path, got in [([10], out1[0]), ([11], out1[1]), ([10, 12], out2[0]), ([11, 13], out2[1]),
                           ([10, 14], out2[2]), ([10, 14, 15], out3[0])]:
             past, feature = state.head_past, state.draft_hidden
             for token in path:
                 position = torch.tensor([past[0].shape[2]])  # the next row of a causal sequence
-                feature, past = model._head_forward(feature, torch.tensor([token]), position, None, past)
+                feature, past = model.drafter.encode(feature, torch.tensor([token]), position, None, past)
             assert torch.allclose(got, feature[0], atol=1e-5), path
 
 
@@ -183,19 +134,19 @@ def test_head_cache_holds_target_features_of_committed_tokens(tree, temperature)
     h = target.config.hidden_size
     with torch.no_grad():  # make the head depend on the features, keeping its drafts good
         head.fc.weight[:, h:] = 3e-4 * torch.randn(h, h, generator=torch.Generator().manual_seed(0))
-    model = EaModel(target, head, tree=tree)
+    model = EaModel(target, head, settings=TreeSettings(tree=tree))
     params = SamplingParams(temperature)
     torch.manual_seed(0)
-    state, _ = model._prefill(prompt(5, 6), params)
+    state, _ = model.prefill(prompt(5, 6), params)
     lengths = []
     with torch.no_grad():
         for _ in range(8):
-            state, new = model._step(state, model._draft_tree(state), params)
+            state, new = model.step(state, model.draft(state), params)
             lengths.append(new.numel())
         committed = state.committed
         assert state.target_cache.get_seq_length() == committed
         features = target(state.ids[:, :-1], output_hidden_states=True).hidden_states[-1][0]  # [L-1, H]
-        hidden, past = model._head_forward(features, state.ids[0, 1:], torch.arange(committed), None, None)
+        hidden, past = model.drafter.encode(features, state.ids[0, 1:], torch.arange(committed), None, None)
     assert max(lengths) > (2 if temperature == 0 else 1)  # multi-row re-encodes happened
     assert torch.allclose(past[0], state.head_past[0], atol=1e-5)
     assert torch.allclose(past[1], state.head_past[1], atol=1e-5)
@@ -287,10 +238,10 @@ def test_a_two_layer_head_round_trips_and_stays_lossless(tmp_path):
     assert "layers.0.input_layernorm.weight" not in loaded.state_dict()  # the first layer reads fc's output as is
     for key, value in head.state_dict().items():
         assert torch.equal(loaded.state_dict()[key], value), key
-    model = EaModel(target, loaded, total_token=10, depth=4, top_k=3)
+    model = EaModel(target, loaded, settings=TreeSettings(total_token=10, depth=4, top_k=3))
     ids = prompt(4, 6)
     assert torch.equal(model.eagenerate(ids, max_new_tokens=20), hf_greedy(target, ids, 20))
-    past = model._prefill(ids, SamplingParams())[0].head_past
+    past = model.prefill(ids, SamplingParams())[0].head_past
     assert past[0].shape[1] == 2 * head.config.num_key_value_heads  # both layers' KV heads, side by side
 
 
@@ -314,13 +265,13 @@ def test_from_pretrained_both_head_layouts(tmp_path, layout):
 
 def test_static_and_dynamic_tree_shapes():
     target = tiny_llama(0)
-    model = EaModel(target, random_head(target), total_token=15, depth=4, top_k=3)
-    state, _ = model._prefill(prompt(0, 5), SamplingParams())
-    tree = model._draft_tree(state)
+    model = EaModel(target, random_head(target), settings=TreeSettings(total_token=15, depth=4, top_k=3))
+    state, _ = model.prefill(prompt(0, 5), SamplingParams())
+    tree = model.draft(state)
     assert tree.size == 15 and int(tree.depths.max()) <= 4
     assert all(0 <= int(tree.parents[i]) < i for i in range(1, tree.size))
     model.static = static_tree([[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0]])
-    tree = model._draft_tree(state)
+    tree = model.draft(state)
     assert tree.size == 7
     # static nodes are the top-k ranks of their parent's draft: [0] and [1] differ, [0,0] != [0,1]
     assert tree.tokens[1] != tree.tokens[2] and tree.tokens[3] != tree.tokens[4]
@@ -377,11 +328,11 @@ def test_greedy_equality_with_a_reduced_draft_vocabulary(seed, tree):
     ref = hf_greedy(target, ids, 40)
     freq = torch.bincount(ref[0], minlength=128)  # most frequent output tokens first
     head.draft_ids = torch.sort(-freq, stable=True).indices[:48]
-    model = EaModel(target, head, **TREES[tree], draft_vocab=32)
+    model = EaModel(target, head, settings=replace(TREES[tree], draft_vocab=32))
     assert torch.equal(model.eagenerate(ids, max_new_tokens=40), ref)
-    drafted = set(model._draft_ids.tolist())
-    state, _ = model._prefill(ids, SamplingParams())
-    assert set(model._draft_tree(state).tokens[1:].tolist()) <= drafted  # drafts come from the subset
+    drafted = set(model.drafter.vocab.ids.tolist())
+    state, _ = model.prefill(ids, SamplingParams())
+    assert set(model.draft(state).tokens[1:].tolist()) <= drafted  # drafts come from the subset
     assert model.last_stats.tau > 1.2
 
 
@@ -390,16 +341,16 @@ def test_draft_vocab_beyond_the_stored_vocabulary_adds_the_targets_other_tokens(
     ids = prompt(0, 6)
     ref = hf_greedy(target, ids, 30)
     head.draft_ids = torch.tensor([5, 3, 9])
-    model = EaModel(target, head, draft_vocab=40)
-    assert model._draft_ids[:3].tolist() == [5, 3, 9] and len(set(model._draft_ids.tolist())) == 40
+    model = EaModel(target, head, settings=TreeSettings(draft_vocab=40))
+    assert model.drafter.vocab.ids[:3].tolist() == [5, 3, 9] and len(set(model.drafter.vocab.ids.tolist())) == 40
     assert torch.equal(model.eagenerate(ids, max_new_tokens=30), ref)
-    assert EaModel(target, head, draft_vocab=128)._draft_ids is None  # the whole target vocabulary
+    assert EaModel(target, head, settings=TreeSettings(draft_vocab=128)).drafter.vocab.ids is None  # the whole vocabulary
 
 
 def test_draft_vocab_without_a_stored_vocabulary_is_a_clear_error():
     target, head = near_bigram_pair(0)
     with pytest.raises(ValueError, match="stored draft vocabulary"):
-        EaModel(target, head, draft_vocab=16)
+        EaModel(target, head, settings=TreeSettings(draft_vocab=16))
 
 
 # ---- total_token="auto" ----------------------------------------------------------------
@@ -408,38 +359,39 @@ def test_draft_vocab_without_a_stored_vocabulary_is_a_clear_error():
 def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless():
     """The tuner's accept length for every (n, d) equals verifying that tree for real, on every step."""
     from eagle.autotune import calibration_prompts, tune_tree
-    from eagle.cache import commit_cache
-    from eagle.tree import build_tree, reindex_parents, select_nodes, tree_attention_mask
+    from eagle.tree import build_tree, reindex_parents, select_nodes
     from eagle.verify import verify_greedy
 
     target, head = near_bigram_pair(3, coupling=0.3)
-    model = EaModel(target, head, total_token=8, depth=3, top_k=4)
+    model = EaModel(target, head, settings=TreeSettings(total_token=8, depth=3, top_k=4))
     sizes, depths, steps = (4, 8, 16), (2, 4), 6
     prompts = calibration_prompts(model)[:2]
     with torch.inference_mode():
         budget = tune_tree(model, prompts, sizes=sizes, depths=depths, steps_per_prompt=steps, repeats=1)
         real = {key: [] for key in budget.accepted}
         for ids in prompts:  # replay the calibration trajectory, verifying each (n, d) tree with the target
-            state, _ = model._prefill(ids, SamplingParams())
+            state, _ = model.prefill(ids, SamplingParams())
             for _ in range(steps):
-                root, past = state.ids[0, -1:], state.committed
+                root = state.root
                 for n, d in real:
-                    tokens, scores, parents = model._draft_candidates(state, d)
+                    tokens, scores, parents = model.draft_candidates(state, d)
                     kept = select_nodes(scores, parents, n - 1)
                     tree = build_tree(torch.cat([root, tokens[kept]]), reindex_parents(kept, parents))
-                    mask = tree_attention_mask(tree.ancestors, past, model._dtype)
-                    logits, _ = model._target_forward(tree.tokens, past + tree.depths, mask, state.target_cache)
-                    commit_cache(state.target_cache, past, torch.zeros(0, dtype=torch.long))
+                    logits = model.verify(state, tree).logits
+                    model.discard(state)
                     real[(n, d)].append(verify_greedy(tree, logits)[0].numel())
-                big = model._draft_candidates(state, max(depths))
+                big = model.draft_candidates(state, max(depths))
                 kept = select_nodes(big[1], big[2], max(sizes) - 1)
-                state, _ = model._step(state, build_tree(torch.cat([root, big[0][kept]]), reindex_parents(kept, big[2])),
+                state, _ = model.step(state, build_tree(torch.cat([root, big[0][kept]]), reindex_parents(kept, big[2])),
                                        SamplingParams())
     assert real == budget.accepted
     assert {(r["total_token"], r["depth"]) for r in budget.grid} == set(real)
     assert max(max(v) for v in real.values()) >= 3  # long paths really occur
-    auto = EaModel(target, head, total_token="auto", top_k=4)
-    assert auto.tuning is not None and (auto.total_token, auto.depth) == (auto.tuning.total_token, auto.tuning.depth)
+    auto = EaModel.from_modules(target, head, settings=TreeSettings(total_token="auto", top_k=4))
+    assert auto.tuning is not None
+    assert (auto.settings.total_token, auto.settings.depth) == (auto.tuning.total_token, auto.tuning.depth)
+    with pytest.raises(ValueError, match="from_pretrained or EaModel.from_modules"):
+        EaModel(target, head, settings=TreeSettings(total_token="auto"))  # the constructor never times
     ids = prompt(1, 5)
     assert torch.equal(auto.eagenerate(ids, max_new_tokens=30), hf_greedy(target, ids, 30))
 
@@ -447,7 +399,7 @@ def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless():
 def test_bad_total_token_is_a_clear_error():
     target, head = near_bigram_pair(0)
     with pytest.raises(ValueError, match="total_token"):
-        EaModel(target, head, total_token="big")
+        EaModel(target, head, settings=TreeSettings(total_token="big"))
 
 
 def test_head_for_another_target_is_a_one_line_error():

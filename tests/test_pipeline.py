@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM
 
 from data_prep import pipeline
 from data_prep.store import FeatureStore, read_manifest
-from eagle.targets import load_tokenizer
+from eagle.tokenizer import load_tokenizer
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from eagle.draft import DraftConfig, DraftHead
 from eagle.checkpoint import save_head
+from eagle.draft import DraftConfig, DraftHead
 from train.engine import free_port
 from train.publish import PublishError, main, publish
 
@@ -160,9 +160,8 @@ def test_training_with_hub_push_uploads_the_exported_head(hub, tmp_path, monkeyp
     """`hub.push=true hub.repo_id=...`: the run ends by uploading output_dir/head."""
     from hydra import compose, initialize_config_dir
 
-    from conftest import tiny_llama
+    from tests.tiny import tiny_llama, write_tiny_store
     from train.run import run
-    from train.testing import write_tiny_store
 
     endpoint, server = hub
     monkeypatch.setenv("HF_TOKEN", TOKEN)

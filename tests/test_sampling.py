@@ -6,13 +6,12 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest import tiny_llama
-from test_eagle3 import random_eagle3_head, subset
-from test_model import near_bigram_pair, random_head
 
 from eagle.model import EaModel
+from eagle.settings import TreeSettings
 from eagle.tree import build_tree
 from eagle.verify import SamplingParams, target_probs, verify_sampling
+from tests.tiny import near_bigram_pair, random_eagle3_head, random_head, subset, tiny_llama
 
 SETTINGS = {
     "T=1": SamplingParams(1.0, 0.0, 0),
@@ -131,7 +130,7 @@ def test_eagenerate_first_tokens_match_target_distribution(head_kind, setting):
     else:
         target = tiny_llama(3, vocab_size=vocab)
         head = random_head(target, 4)
-    model = EaModel(target, head, total_token=8, depth=3, top_k=3)
+    model = EaModel(target, head, settings=TreeSettings(total_token=8, depth=3, top_k=3))
     model.eos_ids = set()
     ids = torch.tensor([[3, 5, 1, 6]])
     expected = exact_first_two(target, ids, params)

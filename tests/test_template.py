@@ -3,8 +3,8 @@
 import pytest
 
 from data_prep.template import TemplateError, tokenize_conversation
-from eagle.targets import chat_template_text, load_tokenizer
-from conftest import embedded_target_or_skip
+from eagle.tokenizer import chat_template_text, load_tokenizer
+from tests.tiny import embedded_target_or_skip
 
 MESSAGES = [
     {"role": "system", "content": "You answer tersely."},

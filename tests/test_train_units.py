@@ -10,11 +10,11 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from data_prep.store import Record
 from train.config import validate
 from train.data import BatchPlan, collate, length_batches, split_indices
 from train.engine import compute_dtype, ds_config, lr_lambda
 from train.loss import eagle_loss, make_pairs, pass_mask, summarize, uniform_noise, vocab_target
-from data_prep.store import Record
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))

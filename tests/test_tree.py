@@ -17,7 +17,6 @@ from eagle.tree import (
 )
 
 
-
 def path_of(tree, node: int) -> list[int]:
     path = [node]
     while tree.parents[path[-1]] >= 0:

@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from conftest import tiny_llama
 
 from eagle.draft import DraftConfig, DraftHead
+from tests.tiny import tiny_llama
 from train.unroll import unroll_mask, unrolled_forward
 
 
@@ -24,7 +24,7 @@ def head_and_inputs(kind: str):
         cfg.num_hidden_layers = int(kind.partition("x")[2] or 1)
         head = DraftHead(cfg).eval()
         return head, head.config.hidden_size
-    from test_eagle3 import random_eagle3_head
+    from tests.tiny import random_eagle3_head
 
     head = random_eagle3_head(tiny_llama(0), layers=(0, 1, 2), seed=1)
     return head, 3 * head.config.hidden_size

@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import tiny_llama
 from transformers import DynamicCache
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from eagle.tree import DEFAULT_CHOICES, build_tree, static_tree, tree_attention_mask
 from eagle.verify import SamplingParams, process_logits, sample, verify_greedy
-
+from tests.tiny import tiny_llama
 
 
 def random_tree(seed: int, n: int, vocab: int):

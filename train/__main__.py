@@ -9,7 +9,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-import data_prep  # noqa: F401  registers the config's resolvers (data_prep/layers.py)
+from data_prep.resolvers import register_resolvers
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
@@ -34,4 +34,5 @@ if __name__ == "__main__":
 
     if message := unknown_model(sys.argv[1:]):
         sys.exit(message)
+    register_resolvers()
     main()

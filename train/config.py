@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-import data_prep  # noqa: F401  registers the config's resolvers (data_prep/layers.py)
-
 
 @dataclass
 class TrainConfig:
@@ -21,11 +19,7 @@ class TrainConfig:
 
     lr: float = 3e-5
     init_head: str | None = None  # start from an exported head's weights (fine-tuning)
-    head_mlp: int | None = None  # intermediate size of the head's MLP (None = the target's); widens init_head's
-    head_layers: int | None = None  # decoder layers of an EAGLE-1/2 head (None = init_head's, else 1); deepens init_head
-    new_lr: float | None = None  # lr of the layers init_head does not have (None = lr)
     draft_vocab: int | None = None  # token loss over the N most frequent training tokens only (None = all)
-    keep_vocab: bool = False  # EAGLE-1/2 fine-tune: init_head's draft vocabulary first, then the store's tokens
     ttt_steps: int = 1  # training-time test: passes of the head over its own predictions (1 = plain EAGLE)
     ttt_decay: float = 0.8  # loss weight of pass i is ttt_decay**i
     ttt_detach: bool = True  # no gradient from a pass into the previous one
@@ -104,17 +98,8 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise ValueError("train.grad_accum must be >= 1 and train.batch_tokens >= 2")
     if t.ttt_steps < 1:
         raise ValueError("train.ttt_steps must be >= 1 (1 = plain EAGLE training)")
-    if t.head_mlp is not None and t.head_mlp < 1:
-        raise ValueError(f"train.head_mlp must be a positive MLP width, got {t.head_mlp}")
-    if t.head_layers is not None and t.head_layers < 1:
-        raise ValueError(f"train.head_layers must be a positive number of decoder layers, got {t.head_layers}")
     if t.topk < 1:
         raise ValueError("train.topk must be >= 1")
-    if t.keep_vocab and not t.init_head:
-        raise ValueError("train.keep_vocab=true keeps train.init_head's draft vocabulary; set train.init_head")
-    if t.new_lr is not None and (t.new_lr <= 0 or not t.init_head):
-        raise ValueError(f"train.new_lr={t.new_lr}: a positive lr for the layers a deepened train.init_head lacks; "
-                         "without train.init_head every layer is new, use train.lr")
     if t.tau_every < 0 or t.tau_num_prompts < 1 or t.tau_max_new_tokens < 1:
         raise ValueError("train.tau_every must be >= 0, train.tau_num_prompts and train.tau_max_new_tokens >= 1")
     if cfg.wandb.mode not in (None, "online", "offline", "disabled"):

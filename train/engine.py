@@ -91,19 +91,13 @@ def lr_lambda(warmup: int, total: int, schedule: str, min_ratio: float):
     return f
 
 
-def build_engine(head: nn.Module, cfg: DictConfig, total_steps: int, new: frozenset[str] = frozenset()):
-    """deepspeed.initialize with a torch AdamW and a LambdaLR schedule; returns the engine.
-
-    new: names of parameters that train at `train.new_lr` (a second param group; same schedule);
-    the caller passes names only when train.new_lr is set."""
+def build_engine(head: nn.Module, cfg: DictConfig, total_steps: int):
+    """deepspeed.initialize with a torch AdamW and a LambdaLR schedule; returns the engine."""
     import deepspeed
 
     t = cfg.train
-    trained = [(n, p) for n, p in head.named_parameters() if p.requires_grad]
-    groups = [{"params": [p for n, p in trained if n not in new], "lr": t.lr}]
-    if new:
-        groups.append({"params": [p for n, p in trained if n in new], "lr": t.new_lr})
-    optimizer = torch.optim.AdamW(groups, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
+    params = [p for p in head.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(t.warmup_steps, total_steps, t.schedule, t.min_lr_ratio)
     )

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from eagle.checkpoint import build_head, save_head
+from eagle.checkpoint import head_from_state, save_head
 from eagle.draft import DraftConfig
 
 
@@ -26,6 +26,7 @@ class CardInfo:
     metrics: dict[str, float] = field(default_factory=dict)
     config: dict = field(default_factory=dict)  # the train section
     code_version: str = "unknown"
+    head_layers: int = 1  # decoder layers of an EAGLE-1/2 head
 
 
 def _architecture(info: CardInfo) -> str:
@@ -33,7 +34,7 @@ def _architecture(info: CardInfo) -> str:
         return (f"An EAGLE-3 draft head (fc over three target layers, one decoder layer, its own lm_head over a "
                 f"{info.config.get('draft_vocab')}-token draft vocabulary mapped by `d2t`/`t2d`) for lossless "
                 f"speculative decoding of `{info.target}`. The token embedding is the target's and is not stored here.")
-    n = int(info.config.get("head_layers") or 1)
+    n = info.head_layers
     layers = "one decoder layer" if n == 1 else f"{n} decoder layers"
     keys = "`layers.0.*`" if n == 1 else f"`layers.0.*` to `layers.{n - 1}.*`"
     return (f"An EAGLE-1/2 draft head ({layers} over the target's last hidden state) for lossless\n"
@@ -112,7 +113,4 @@ def export_head(directory: str | Path, state: dict[str, torch.Tensor], config: D
 
     vocab_ids [N]: the draft vocabulary (target ids, most frequent first) stored with the head.
     """
-    head = build_head(config)
-    head.load_state_dict({k: v.float() for k, v in state.items()})
-    head.draft_ids = vocab_ids
-    return save_head(directory, head, dtype=dtype, card=card)
+    return save_head(directory, head_from_state(state, config, vocab_ids), dtype=dtype, card=card)

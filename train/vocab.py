@@ -1,27 +1,37 @@
-"""The draft vocabulary: the target tokens the draft may propose, most frequent first.
+"""Which draft vocabulary a training run uses and stores (the policy; eagle/vocab.py is the format).
 
-The target verifies every draft, so restricting the draft to a subset of the vocabulary
-never changes the output; it only removes the full-vocabulary `lm_head` work from drafting
-(on a CPU the draft's largest cost). Counting happens over the tokens the draft has to
-predict in training: assistant tokens (loss mask) of the feature store.
+Counting happens over the tokens the draft has to predict in training: the assistant tokens
+(loss mask) of the feature store's training records.
+
+- EAGLE-1/2: every token the store holds, most frequent first, topped up with the tokens of
+  the starting head (`train.init_head`) the store lacks, so a fine-tune on a small store keeps
+  its start's vocabulary. The token loss runs over the first `train.draft_vocab` of them (the
+  whole lm_head when unset); the head stores those (every listed token when unset, for the
+  decoder's `draft_vocab=N` later).
+- EAGLE-3: exactly its lm_head's rows, the `train.draft_vocab` most frequent tokens (unseen ones
+  last by id); none when that is the whole vocabulary.
 
     python -m train.vocab STORE_DIR [STORE_DIR ...] [--head HEAD_DIR] [--size N] [--keep]
 
 prints the coverage of the top-N tokens and, with --head, writes the vocabulary into that
-head's checkpoint (`d2t` / `t2d`, see eagle.checkpoint); --keep tops the head's own
-vocabulary up instead of replacing it.
+head's checkpoint; --keep tops the head's own vocabulary up instead of replacing it.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from data_prep.store import FeatureStore
-from eagle.checkpoint import load_head, top_up, write_draft_vocab
+from eagle.checkpoint import load_head, write_draft_vocab
+from eagle.vocab import coverage, ranked_ids, stored_tensors, top_up
+
+log = logging.getLogger("train")
 
 
 def token_counts(store: FeatureStore, indices: Iterable[int] | None = None, vocab_size: int | None = None) -> torch.Tensor:
@@ -34,22 +44,51 @@ def token_counts(store: FeatureStore, indices: Iterable[int] | None = None, voca
     return counts
 
 
-def draft_ids(counts: torch.Tensor, size: int | None = None, seen_only: bool = True) -> torch.Tensor:
-    """Token ids by descending count (ties by id), at most `size`. [N] long
+@dataclass
+class TrainingVocabulary:
+    """The draft vocabulary of one run: `ids` [N] target ids (None = the whole vocabulary) and the
+    `size` the token loss uses (train.draft_vocab; None = all)."""
 
-    seen_only: drop tokens never counted; otherwise exactly `size` ids (an EAGLE-3 lm_head
-    has a fixed number of rows), unseen ones last by id."""
-    order = torch.sort(-counts, stable=True).indices
-    if seen_only:
-        order = order[: int((counts > 0).sum())]
-    return order[:size] if size else order
+    ids: torch.Tensor | None
+    size: int | None
+    eagle3: bool
 
+    @classmethod
+    def choose(cls, counts: torch.Tensor, size: int | None, eagle3: bool, draft_rows: int | None = None,
+               start: torch.Tensor | None = None) -> "TrainingVocabulary":
+        """counts [V] of the training tokens; draft_rows: an EAGLE-3 head's lm_head rows; start: the
+        starting head's stored ids (EAGLE-1/2 fine-tuning)."""
+        if eagle3:
+            ids = ranked_ids(counts, draft_rows, seen_only=False) if draft_rows < counts.numel() else None
+            return cls(ids, size, True)
+        seen = ranked_ids(counts)
+        ids = top_up(seen, start, size)
+        if ids.numel() > seen.numel():
+            log.info("draft vocabulary: the store sees %d tokens; %d more come from train.init_head",
+                     seen.numel(), ids.numel() - seen.numel())
+        return cls(ids, size, False)
 
-def coverage(counts: torch.Tensor, sizes: Iterable[int]) -> dict[int, float]:
-    """Fraction of counted tokens inside the top-N ids, for each N."""
-    ranked = torch.sort(counts, descending=True).values.cumsum(0).double()
-    total = float(ranked[-1]) or 1.0
-    return {n: float(ranked[min(n, ranked.numel()) - 1]) / total for n in sizes}
+    def stored(self) -> torch.Tensor | None:
+        """The ids exported with the head: EAGLE-3, its lm_head's rows; EAGLE-1/2, the first `size`."""
+        if self.eagle3 or self.ids is None:
+            return self.ids
+        return self.ids[: self.size or None]
+
+    def loss_rows(self, lm_head: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+        """The frozen lm_head [V, H], or its rows of the first `size` ids: the EAGLE-1/2 token loss
+        and its softmax run over these rows only. [Vd, H]"""
+        if not self.size or self.ids is None:
+            return lm_head
+        ids = self.ids[: self.size]
+        share = float(counts.double()[ids].sum() / counts.double().sum().clamp(min=1))
+        log.info("draft vocabulary: %d tokens cover %.4f of the training tokens", self.size, share)
+        return lm_head[ids.to(lm_head.device)].contiguous()
+
+    def eagle3_target(self, vocab_size: int, device) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(draft ids [Vd], membership [V] bool) on `device` for the EAGLE-3 token loss; None = all."""
+        if self.ids is None:
+            return None
+        return self.ids.to(device), stored_tensors(self.ids, vocab_size)["t2d"].to(device)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -64,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
     for n, c in coverage(counts, (1024, 2048, 4096, 8192, 12288, 16384, 32768)).items():
         print(f"top {n:>6}: {c:.4f} of {int(counts.sum()):,} assistant tokens")
     if args.head:
-        ids = draft_ids(counts, args.size)
+        ids = ranked_ids(counts, args.size)
         if args.keep:
             kept = load_head(args.head).draft_ids
             if kept is None:

@@ -1,6 +1,6 @@
 """Trainer efficiency: tokens/s of the full training loop over a bare forward+backward.
 
-    python -m train.throughput +model=smollm2_135m [throughput.steps=20 throughput.warmup=3 ...]
+    python -m evaluation.train_throughput +model=smollm2_135m [throughput.steps=20 throughput.warmup=3 ...]
 
 Runs the real Trainer (DeepSpeed engine, data loading, noise, loss, optimizer, metrics) for
 warmup + steps optimizer steps into a temporary output_dir, then times a plain torch
@@ -20,6 +20,7 @@ import hydra
 import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from data_prep.resolvers import register_resolvers
 from eagle.checkpoint import build_head
 from train.data import collate
 from train.loss import uniform_noise
@@ -59,12 +60,10 @@ def measure(cfg: DictConfig, steps: int = 20, warmup: int = 3) -> dict[str, floa
                              resume="none", eval_max_batches=1, log_every=10**9, progress=False)
             cfg.wandb.mode = "disabled"
         trainer = Trainer(cfg)
-        trainer.record_batches = True
         trainer.fit()
         timed = trainer.step_times[warmup:]
         trainer_rate = sum(p for p, _ in timed) / sum(s for _, s in timed)
-        ga = cfg.train.grad_accum
-        bare_rate = bare_tokens_per_s(trainer, trainer.seen_batches[warmup * ga:])
+        bare_rate = bare_tokens_per_s(trainer, list(trainer.planned_batches(warmup, steps)))
     return {"trainer_tokens_per_s": trainer_rate, "bare_tokens_per_s": bare_rate, "ratio": trainer_rate / bare_rate,
             "steps": steps, "dtype": str(trainer.dtype), "world_size": trainer.world}
 
@@ -80,4 +79,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    register_resolvers()
     main()

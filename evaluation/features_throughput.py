@@ -1,6 +1,6 @@
 """Data-prep throughput against a bare target forward over the same batches, in one process.
 
-    python -m data_prep.throughput +model=smollm2_135m data.limit=200
+    python -m evaluation.features_throughput +model=smollm2_135m data.limit=200
 
 Builds a store in a temporary directory (timing the whole shard loop: tokenization,
 forward, copies, writing, hashing), then times the target's decoder alone over exactly the
@@ -22,8 +22,10 @@ from omegaconf import DictConfig, OmegaConf
 from data_prep import pipeline
 from data_prep.conversations import read_conversations
 from data_prep.features import iter_batches
+from data_prep.resolvers import register_resolvers
 from data_prep.store import read_manifest
-from eagle.targets import load_target, load_tokenizer, resolve_target
+from eagle.targets import load_target, resolve_target
+from eagle.tokenizer import load_tokenizer
 
 
 def bare_forward_tokens_per_s(cfg: DictConfig) -> float:
@@ -68,4 +70,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    register_resolvers()
     main()

@@ -4,7 +4,7 @@ Held-out top-1 says how often the draft's next token is right given the target's
 features; τ (new tokens per target forward) is what decoding gains once the head drafts
 several tokens on its own predictions. The two can disagree, so the trainer reports both.
 
-    judge = Judge.from_target_dir(target_dir, held_back_prompts("mtbench", 8), max_new_tokens=64)
+    judge = Judge.from_target_dir(target_dir, held_back_prompts("mtbench", 8), max_new_tokens=64)  # data_prep.prompts
     judge.measure_state(state, draft_config).metrics()
     # {"tau_tree": ..., "tau_chain": ..., "tau_seconds": ...}
 
@@ -24,9 +24,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eagle.checkpoint import Head, build_head
+from eagle.checkpoint import Head, head_from_state
 from eagle.draft import DraftConfig
-from eagle.targets import load_target, load_tokenizer
+from eagle.model import EaModel
+from eagle.settings import TreeSettings
+from eagle.targets import load_target
+from eagle.tokenizer import chat_prompt, load_tokenizer
 from eagle.tree import Choices
 
 log = logging.getLogger("train")
@@ -61,35 +64,9 @@ class Acceptance:
         return out
 
 
-# ---- prompts ---------------------------------------------------------------------------------
-
-
-def held_back_prompts(name: str, n: int) -> list[str]:
-    """First turns of `n` questions of an eagle.bench prompt set, categories interleaved.
-
-    `name` is what `eagle.bench.load_questions` reads (`mtbench`, `sharegpt-heldout`, a JSONL
-    path). MT-bench lists its questions category by category; taking them round-robin makes
-    8 prompts cover its 8 categories.
-    """
-    from eagle.bench import load_questions
-
-    questions = load_questions(name)
-    seen: dict[str, int] = {}
-    ranked = []  # (rank within its category, original index, text)
-    for i, q in enumerate(questions):
-        seen[q.category] = seen.get(q.category, 0) + 1
-        ranked.append((seen[q.category], i, q.turns[0]))
-    return [text for _, _, text in sorted(ranked)[:n]]
-
-
 def encode_prompts(tokenizer, texts: list[str]) -> list[torch.Tensor]:
     """One user turn each, through the chat template with the generation prompt. [1, S_i] each"""
-    out = []
-    for text in texts:
-        enc = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                            return_tensors="pt", return_dict=True)
-        out.append(enc["input_ids"])
-    return out
+    return [chat_prompt(tokenizer, [{"role": "user", "content": text}]) for text in texts]
 
 
 # ---- decoding --------------------------------------------------------------------------------
@@ -104,15 +81,6 @@ def count_tau(model, prompts: list[torch.Tensor], max_new_tokens: int) -> TauCou
         count.new_tokens += model.last_stats.new_tokens
         count.steps += model.last_stats.steps
     return count
-
-
-def head_from_state(state: dict[str, torch.Tensor], config: DraftConfig, dtype: torch.dtype,
-                    draft_ids: torch.Tensor | None = None) -> Head:
-    """A head in `dtype` from a full state dict (e.g. train.engine.full_state_dict) and its draft vocabulary."""
-    head = build_head(config)
-    head.load_state_dict({k: v.float() for k, v in state.items()})
-    head.draft_ids = draft_ids
-    return head.to(dtype).eval().requires_grad_(False)
 
 
 class Judge:
@@ -156,12 +124,10 @@ class Judge:
 
     def measure(self, head: Head) -> Acceptance:
         """τ of `head` (in the target's dtype) under every tree of the judge."""
-        from eagle.model import EaModel
-
         result = Acceptance()
         start = time.perf_counter()
         for name, tree in self.trees.items():
-            model = EaModel(self.target, head, self.tokenizer, tree=tree)
+            model = EaModel(self.target, head, self.tokenizer, TreeSettings(tree=tree))
             result.counts[name] = count_tau(model, self.prompts, self.max_new_tokens)
         result.seconds = time.perf_counter() - start
         return result
@@ -176,36 +142,5 @@ class Judge:
             log.warning("τ judge: the head has non-finite weights; reporting tau = nan")
             return Acceptance({name: TauCount() for name in self.trees})
         with torch.random.fork_rng(devices=[]):  # DraftHead init and model loading draw from it
-            head = head_from_state(state, config, self.dtype, draft_ids).to(self.target.device)
+            head = head_from_state(state, config, draft_ids).to(self.target.device, self.dtype).eval()
             return self.measure(head)
-
-
-def main(argv: list[str] | None = None) -> dict[str, float]:
-    """`python -m train.acceptance HEAD_DIR`: τ of an exported head, as the trainer measures it."""
-    import argparse
-    import json
-
-    from eagle.checkpoint import load_head
-    from eagle.targets import resolve_target
-
-    ap = argparse.ArgumentParser(description="τ of a draft head by greedy decoding of held-back prompts.")
-    ap.add_argument("head", help="exported head directory")
-    ap.add_argument("--base", default="smollm2-135m-instruct", help="target: alias, folder or Hub id")
-    ap.add_argument("--prompts", default="sharegpt-heldout", help="mtbench | sharegpt-heldout | MT-bench-shaped JSONL")
-    ap.add_argument("--num-prompts", type=int, default=8)
-    ap.add_argument("--max-new-tokens", type=int, default=64)
-    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    ap.add_argument("--threads", type=int, default=None)
-    args = ap.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
-    judge = Judge.from_target_dir(resolve_target(args.base), held_back_prompts(args.prompts, args.num_prompts),
-                                  args.max_new_tokens, dtype)
-    metrics = judge.measure(load_head(args.head, dtype=dtype)).metrics()
-    print(json.dumps({"head": args.head, **vars(args), **metrics}))
-    return metrics
-
-
-if __name__ == "__main__":
-    main()

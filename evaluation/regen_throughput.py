@@ -1,6 +1,6 @@
 """Regeneration speed: our batched reply loop against HF `generate` on the same prompts.
 
-    python -m data_prep.regen_throughput +model=smollm2_135m +prompts=32 +repeats=2
+    python -m evaluation.regen_throughput +model=smollm2_135m +prompts=32 +repeats=2
 
 Takes the first user turn of the first `prompts` conversations of the data source, decodes
 them as one left-padded greedy batch of `data.regen.max_new_tokens` with each method,
@@ -21,7 +21,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep.conversations import read_conversations
 from data_prep.regenerate import ReplyGenerator, left_pad
-from eagle.targets import load_target, load_tokenizer, resolve_target
+from data_prep.resolvers import register_resolvers
+from eagle.targets import load_target, resolve_target
+from eagle.tokenizer import load_tokenizer
 
 
 def hf_generate(generator: ReplyGenerator, prompts: list[list[int]]) -> list[str]:
@@ -72,4 +74,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    register_resolvers()
     main()

@@ -1,4 +1,4 @@
-"""Check a feature store against its target: `python -m data_prep.verify STORE [--records 5]`.
+"""Check a feature store against its target: `python -m data_prep.check_store STORE [--records 5]`.
 
 For a few random records: recompute the target's features over the stored `input_ids` in a
 fresh single-sequence forward and report the max abs difference to the stored ones (expect
@@ -15,7 +15,8 @@ import sys
 import torch
 
 from data_prep.store import FeatureStore, sha256_file
-from eagle.targets import load_tokenizer, resolve_target
+from eagle.targets import resolve_target
+from eagle.tokenizer import load_tokenizer
 
 
 def check_hashes(store: FeatureStore) -> list[str]:
@@ -32,7 +33,7 @@ def feature_error(model, record, dtype: torch.dtype) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m data_prep.verify", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m data_prep.check_store", description=__doc__.split("\n\n")[0])
     p.add_argument("store")
     p.add_argument("--records", type=int, default=5)
     p.add_argument("--seed", type=int, default=0)

@@ -1,6 +1,6 @@
 """Where a decode step's time goes: a torch.profiler run over real prompts.
 
-    python -m eagle.profile --head checkpoints/eagle-smollm2-135m-instruct --prompts mtbench \
+    python -m evaluation.profile --head checkpoints/eagle-smollm2-135m-instruct --prompts mtbench \
         --limit 8 --max-new-tokens 128 --dtype bfloat16 --threads 1
 
 `EaModel` marks its phases with `record_function` ranges (free when no profiler runs):
@@ -30,6 +30,10 @@ import time
 from pathlib import Path
 
 import torch
+
+import eagle.settings as tree_settings
+from data_prep.prompts import load_questions, round_robin
+from eagle.tokenizer import chat_prompt
 
 SECTIONS = {  # name -> children
     "eagle.step": ["eagle.draft", "eagle.verify.mask", "eagle.verify.forward", "eagle.verify.accept",
@@ -123,38 +127,31 @@ def markdown(r: dict) -> str:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description="Per-step time breakdown of EAGLE decoding (torch.profiler).")
+    p = argparse.ArgumentParser(prog="python -m evaluation.profile",
+                                description="Per-step time breakdown of EAGLE decoding (torch.profiler).")
     p.add_argument("--base", default="smollm2-135m-instruct")
     p.add_argument("--head", default="checkpoints/eagle-smollm2-135m-instruct")
     p.add_argument("--prompts", default="mtbench", help="mtbench | sharegpt-heldout | MT-bench-shaped JSONL")
-    p.add_argument("--limit", type=int, default=8, help="first-turn prompts, one per category first")
+    p.add_argument("--limit", type=int, default=8, help="first-turn prompts, categories interleaved")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--profile-prompts", type=int, default=2, help="prompts run under the profiler")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    p.add_argument("--tree", default="dynamic", choices=["dynamic", "static"])
-    p.add_argument("--total-token", default="24", help="tree budget, or 'auto'")
-    p.add_argument("--depth", type=int, default=5)
-    p.add_argument("--top-k", type=int, default=8)
-    p.add_argument("--draft-vocab", type=int, default=None)
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None, help="write profile.json and profile.md here")
+    tree_settings.add_arguments(p)
     return p.parse_args(argv)
 
 
 def main(argv=None) -> dict:
-    args = parse_args(argv)
-    from eagle.bench import first_per_category, load_questions
     from eagle.model import EaModel
 
+    args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    total = args.total_token if args.total_token == "auto" else int(args.total_token)
-    model = EaModel.from_pretrained(args.base, args.head, torch_dtype=getattr(torch, args.dtype), total_token=total,
-                                    depth=args.depth, top_k=args.top_k, tree=args.tree, draft_vocab=args.draft_vocab)
-    questions = first_per_category(load_questions(args.prompts), 1)
-    questions = (questions + [q for q in load_questions(args.prompts) if q not in questions])[: args.limit]
-    prompts = [model.tokenizer.apply_chat_template([{"role": "user", "content": q.turns[0]}], add_generation_prompt=True,
-                                                   return_tensors="pt", return_dict=True)["input_ids"] for q in questions]
+    model = EaModel.from_pretrained(args.base, args.head, torch_dtype=getattr(torch, args.dtype),
+                                    settings=tree_settings.from_arguments(args))
+    questions = round_robin(load_questions(args.prompts))[: args.limit]
+    prompts = [chat_prompt(model.tokenizer, [{"role": "user", "content": q.turns[0]}]) for q in questions]
     start = time.perf_counter()
     r = report(model, prompts, args.max_new_tokens, args.profile_prompts)
     r["args"], r["wall_seconds"] = vars(args), time.perf_counter() - start
@@ -163,7 +160,7 @@ def main(argv=None) -> dict:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "profile.json").write_text(json.dumps(r, indent=1))
+        (out / "profile.json").write_text(json.dumps(r, indent=1, default=str))
         (out / "profile.md").write_text(md + "\n")
     return r
 

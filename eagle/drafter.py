@@ -1,0 +1,154 @@
+"""Growing a draft tree with an EAGLE head: the dynamic EAGLE-2 tree and the static EAGLE-1 tree.
+
+Conventions. Head row t takes (f_t, embedding of x_{t+1}) and outputs f̂_{t+1} (EAGLE-3: an
+internal state a_{t+1}); the draft's log-probs come from the draft vocabulary's scorer over
+that output (eagle/vocab.py). The root of every tree is the last committed token; its head
+output is `DecodeState.draft_hidden`. Drafted nodes are fed to the head on top of the committed
+head cache without changing it (`DraftCache`), so a tree costs one head forward per depth.
+
+Trees are returned as (tokens [N], parents [N]), root first, parents before children; the
+caller builds the `Tree` buffers (eagle/tree.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.profiler import record_function
+
+from eagle.draft import KVCache
+from eagle.state import DecodeState
+from eagle.tree import StaticTree, additive_mask, expand_topk, reindex_parents, select_nodes
+from eagle.vocab import DraftVocabulary
+
+
+class Drafter:
+    """A draft head with the target's token embedding and a draft vocabulary. Holds no decode state."""
+
+    def __init__(self, head: nn.Module, embed: nn.Module, vocab: DraftVocabulary):
+        self.head, self.embed, self.vocab = head, embed, vocab
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed.weight.device
+
+    def encode(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
+               mask: torch.Tensor | None, past: KVCache | None) -> tuple[torch.Tensor, KVCache]:
+        """Head rows (features [q, F], next tokens [q]) at positions [q] over `past`; returns
+        outputs [q, H] and the cache extended by q rows (`past` itself is not modified)."""
+        hidden, past = self.head(features[None], self.embed(tokens)[None], positions[None], mask, past)
+        return hidden[0], past
+
+    def logp(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft log-probs [m, Vd] (fp32, CPU) of head outputs [m, H]."""
+        with record_function("eagle.draft.lm_head"):
+            return self.vocab.logp(hidden)
+
+    # ---- EAGLE-2 ---------------------------------------------------------------------------
+
+    def dynamic(self, state: DecodeState, total_token: int, depth: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """EAGLE-2: grow the top_k best nodes by cumulative draft log-prob, then keep the
+        total_token - 1 best of all. Returns tree tokens [N] and parents [N], root first."""
+        tokens, scores, parents = self.candidates(state, depth, top_k)
+        with record_function("eagle.draft.tree"):
+            kept = select_nodes(scores, parents, total_token - 1)
+            return torch.cat([state.root, tokens[kept]]), reindex_parents(kept, parents)
+
+    def candidates(self, state: DecodeState, depth: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The EAGLE-2 candidate pool: top_k children of the top_k best nodes, `depth` levels.
+
+        Returns target token ids [M], cumulative draft log-probs [M] and parents [M]
+        (candidate indices, -1 = the root), parents before children; M = k + (depth-1)*k*k.
+        """
+        k = min(top_k, self.vocab.size)
+        drafts = DraftCache(state)
+        logp = self.logp(state.draft_hidden)  # [1, Vd]
+        tokens, scores, _ = expand_topk(torch.zeros(1), logp, k)  # [k] depth-1 candidates
+        tokens = self.vocab.to_target(tokens)
+        parents = torch.full((k,), -1, dtype=torch.long)
+        frontier = torch.arange(k)  # candidate indices
+        frontier_rows = torch.full((k,), -1, dtype=torch.long)  # their parents' rows in `drafts`
+        features = state.draft_hidden.expand(k, -1)  # [k, H] head outputs of their parents
+        all_tokens, all_scores, all_parents = [tokens], [scores], [parents]
+        n = k
+        for d in range(1, depth):
+            hidden, rows = drafts.feed(self, _cat(all_tokens)[frontier], features, frontier_rows, d)
+            logp = self.logp(hidden)  # [k, Vd]
+            new_tokens, new_scores, from_row = expand_topk(_cat(all_scores)[frontier], logp, k)  # [k*k]
+            all_tokens.append(self.vocab.to_target(new_tokens))
+            all_scores.append(new_scores)
+            all_parents.append(frontier[from_row])
+            best = new_scores.topk(k).indices  # next frontier, positions in the new candidates
+            frontier, frontier_rows, features = n + best, rows[from_row[best]], hidden[from_row[best]]
+            n += new_tokens.numel()
+        return _cat(all_tokens), _cat(all_scores), _cat(all_parents)
+
+    # ---- EAGLE-1 ---------------------------------------------------------------------------
+
+    def static(self, state: DecodeState, shape: StaticTree) -> tuple[torch.Tensor, torch.Tensor]:
+        """EAGLE-1: a fixed tree `shape` (eagle.tree.static_tree); node tokens are the top-k
+        ranks of their parent's draft. Returns tokens [N] and parents [N], root first."""
+        tokens = torch.full((len(shape.paths),), -1, dtype=torch.long)
+        tokens[0] = state.root[0]
+        hidden_of = {0: state.draft_hidden[0]}  # node -> head output (predicts its children)
+        row_of = {0: -1}  # node -> row in `drafts` (-1: the root, in the committed cache)
+        drafts = DraftCache(state)
+        for d in range(shape.depth):
+            children = shape.nodes_at(d + 1)
+            parents = sorted({int(shape.parents[c]) for c in children})
+            if d > 0:  # feed the parents (depth d) to the head; the root's output is known
+                feats = torch.stack([hidden_of[int(shape.parents[p])] for p in parents])
+                rows_in = torch.tensor([row_of[int(shape.parents[p])] for p in parents])
+                hidden, rows = drafts.feed(self, tokens[parents], feats, rows_in, d)
+                hidden_of.update({p: hidden[i] for i, p in enumerate(parents)})
+                row_of.update({p: int(rows[i]) for i, p in enumerate(parents)})
+            logp = self.logp(torch.stack([hidden_of[p] for p in parents]))  # [m, Vd]
+            kmax = min(int(shape.ranks[children].max()) + 1, logp.shape[-1])
+            top = self.vocab.to_target(logp.topk(kmax, dim=-1).indices)  # [m, kmax]
+            where = {p: i for i, p in enumerate(parents)}
+            for c in children:
+                rank = int(shape.ranks[c])
+                tokens[c] = top[where[int(shape.parents[c])], min(rank, kmax - 1)]
+        return tokens, shape.parents
+
+
+class DraftCache:
+    """The head's KV cache while drafting: committed rows plus the tree nodes fed so far.
+
+    Starts from the committed cache (not modified: the head concatenates into new tensors)
+    and tracks, for every fed node, which fed nodes are its ancestors (itself included).
+    """
+
+    def __init__(self, state: DecodeState):
+        self.past = state.head_past
+        self.committed = state.committed
+        self.ancestors = torch.zeros(0, 0, dtype=torch.bool)  # [F, F]
+
+    def feed(self, drafter: Drafter, tokens: torch.Tensor, features: torch.Tensor, parent_rows: torch.Tensor,
+             depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run nodes (tokens [m], parents' head outputs [m, H]) at tree depth `depth`.
+
+        parent_rows [m]: each node's parent row among the fed nodes, -1 for the root.
+        Returns head outputs [m, H] and the rows the nodes now occupy [m].
+        """
+        m, f = tokens.numel(), self.ancestors.shape[0]
+        inherited = torch.zeros(m, f, dtype=torch.bool)
+        has_parent = parent_rows >= 0
+        inherited[has_parent] = self.ancestors[parent_rows[has_parent]]
+        new_rows = torch.cat([inherited, torch.eye(m, dtype=torch.bool)], dim=1)  # [m, F+m]
+        self.ancestors = torch.cat([torch.cat([self.ancestors, torch.zeros(f, m, dtype=torch.bool)], dim=1), new_rows])
+        allowed = torch.cat([torch.ones(m, self.committed, dtype=torch.bool), new_rows], dim=1)
+        device = drafter.device
+        mask = additive_mask(allowed, drafter.dtype).to(device)
+        positions = torch.full((m,), self.committed - 1 + depth, device=device)
+        with record_function("eagle.draft.head"):
+            hidden, self.past = drafter.encode(features, tokens.to(device), positions, mask, self.past)
+        return hidden, torch.arange(f, f + m)
+
+
+def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(parts) if len(parts) > 1 else parts[0]

@@ -1,0 +1,30 @@
+"""`DecodeState`: everything one decode step reads and writes, passed explicitly between steps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+
+from eagle.draft import KVCache
+
+
+@dataclass
+class DecodeState:
+    """What one decode step needs; `ids[-1]` is the root, in neither KV cache yet."""
+
+    ids: torch.Tensor  # [1, L] committed tokens (prompt + generated)
+    target_cache: DynamicCache  # L-1 rows
+    head_past: KVCache  # L-1 rows; row t encodes (f_t, x_{t+1})
+    draft_hidden: torch.Tensor  # [1, H] head output of row L-2: f̂_{L-1}, drafts x_L
+
+    @property
+    def committed(self) -> int:
+        """Rows in each KV cache (= position id of the root)."""
+        return self.ids.shape[1] - 1
+
+    @property
+    def root(self) -> torch.Tensor:
+        """The root token [1] (on the CPU, where trees are built)."""
+        return self.ids[0, -1:].cpu()

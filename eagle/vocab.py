@@ -1,0 +1,142 @@
+"""The draft vocabulary: the target tokens a head may propose. One home for trainer, exporter and decoder.
+
+The target verifies every draft, so restricting the draft to a subset of the vocabulary never
+changes the output; it only shrinks the draft's `lm_head` work (on a CPU its largest cost).
+
+- **Ids.** `[N]` target ids, most frequent first for heads this project trains
+  (`ranked_ids` over training-token counts). An EAGLE-3 head's list is exactly its lm_head's
+  rows; an EAGLE-1/2 head's selects rows of the target's lm_head. None = the whole vocabulary.
+- **Stored** in EAGLE-3's two tensors (`stored_tensors` / `ids_from_stored`): `d2t [N]` int64
+  offsets (target id of draft id i = i + d2t[i]) and `t2d [V]` bool (which target ids are in it).
+- **Topped up** (`top_up`): a list, then another's ids it lacks. Fine-tuning keeps its starting
+  head's tokens beyond the store's; `train.vocab --keep` keeps a head's list first; the decoder's
+  `draft_vocab=N` beyond a head's list adds the target's other tokens.
+- **Scored** (`DraftVocabulary`): the module that turns head outputs into draft log-probs over
+  the vocabulary, and the map from draft indices back to target ids.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+STORED_KEYS = ("d2t", "t2d")
+
+
+# ---- choosing ---------------------------------------------------------------------------------
+
+
+def ranked_ids(counts: torch.Tensor, size: int | None = None, seen_only: bool = True) -> torch.Tensor:
+    """Token ids by descending count [V] (ties by id), at most `size`. [N] long
+
+    seen_only: drop tokens never counted; otherwise exactly `size` ids (an EAGLE-3 lm_head
+    has a fixed number of rows), unseen ones last by id."""
+    order = torch.sort(-counts, stable=True).indices
+    if seen_only:
+        order = order[: int((counts > 0).sum())]
+    return order[:size] if size else order
+
+
+def top_up(ids: torch.Tensor, extra: torch.Tensor | None, size: int | None) -> torch.Tensor:
+    """`ids`, then the ids of `extra` it lacks (in `extra`'s order) until there are `size` (all of
+    them when `size` is None). [M] long"""
+    if extra is None or (size and ids.numel() >= size):
+        return ids
+    missing = extra[~torch.isin(extra, ids)]
+    return torch.cat([ids, missing[: size - ids.numel() if size else None].to(ids.dtype)])
+
+
+def coverage(counts: torch.Tensor, sizes: Iterable[int]) -> dict[int, float]:
+    """Fraction of counted tokens inside the top-N ids, for each N."""
+    ranked = torch.sort(counts, descending=True).values.cumsum(0).double()
+    total = float(ranked[-1]) or 1.0
+    return {n: float(ranked[min(n, ranked.numel()) - 1]) / total for n in sizes}
+
+
+# ---- storing ----------------------------------------------------------------------------------
+
+
+def stored_tensors(ids: torch.Tensor, vocab_size: int) -> dict[str, torch.Tensor]:
+    """EAGLE-3's `d2t` offsets [N] and `t2d` membership [V] for draft ids -> target ids [N]."""
+    ids = ids.to("cpu", torch.int64)
+    if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != ids.numel():
+        raise ValueError(f"a draft vocabulary needs distinct target ids in [0, {vocab_size})")
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[ids] = True
+    return {"d2t": ids - torch.arange(ids.numel()), "t2d": t2d}
+
+
+def ids_from_stored(state: dict[str, torch.Tensor], where: Path | str) -> torch.Tensor | None:
+    """Target ids [N] of a stored draft vocabulary (`d2t`, checked against `t2d`), or None when there is none."""
+    if "d2t" not in state:
+        return None
+    ids = state["d2t"].to(torch.int64) + torch.arange(state["d2t"].numel())
+    if "t2d" in state and int(state["t2d"].sum()) != ids.numel():
+        raise ValueError(f"{where}: d2t ({ids.numel()} ids) and t2d ({int(state['t2d'].sum())} ids) disagree")
+    return ids
+
+
+# ---- scoring (the decoder) --------------------------------------------------------------------
+
+
+@dataclass
+class DraftVocabulary:
+    """What the decoder drafts over: `scorer` maps head outputs [m, H] to logits [m, Vd]; `ids`
+    [Vd] maps draft indices to target ids (None: draft index = target id)."""
+
+    ids: torch.Tensor | None
+    scorer: nn.Module
+
+    @classmethod
+    def of(cls, head: nn.Module, lm_head: nn.Linear, size: int | None = None) -> "DraftVocabulary":
+        """A head's vocabulary, drafting through `lm_head` (the target's) or, EAGLE-3, its own.
+
+        size: only the first `size` ids of the head's stored list (the most frequent, for heads
+        this project trains); an EAGLE-1/2 head asked for more than it stores gets the target's
+        other ids after them (size = the target's vocabulary size: all of it)."""
+        eagle3 = head.config.architecture == "eagle3"
+        ids = head.draft_ids
+        if size is not None:
+            if ids is None:
+                raise ValueError("draft_vocab needs a head with a stored draft vocabulary "
+                                 "(python -m train.vocab STORE --head DIR)")
+            if size > ids.numel() and eagle3:
+                raise ValueError(f"draft_vocab={size}: this EAGLE-3 head's lm_head has only {ids.numel()} rows")
+            if size >= lm_head.out_features:
+                return cls(None, nn.Sequential(lm_head))
+            ids = top_up(ids.cpu(), torch.arange(lm_head.out_features), size)[:size]
+        if eagle3:
+            rows = head.lm_head if size is None else _rows(head.lm_head, torch.arange(ids.numel()))
+            return cls(None if ids is None else ids.to("cpu", torch.long), nn.Sequential(head.norm, rows))
+        if ids is None:
+            return cls(None, nn.Sequential(lm_head))
+        ids = ids.to("cpu", torch.long)
+        return cls(ids, nn.Sequential(_rows(lm_head, ids)))
+
+    @property
+    def size(self) -> int:
+        """How many tokens the draft scores (Vd)."""
+        return self.scorer[-1].out_features
+
+    def logp(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft log-probs [m, Vd] (fp32, on the CPU) of head outputs [m, H]."""
+        return self.scorer(hidden).float().log_softmax(dim=-1).cpu()
+
+    def to_target(self, draft_tokens: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary indices -> target token ids (same shape)."""
+        return draft_tokens if self.ids is None else self.ids[draft_tokens]
+
+
+def _rows(linear: nn.Linear, ids: torch.Tensor) -> nn.Linear:
+    """A frozen Linear holding the output rows `ids` [N] of `linear`."""
+    rows = nn.Linear(linear.in_features, ids.numel(), bias=linear.bias is not None)
+    rows = rows.to(device=linear.weight.device, dtype=linear.weight.dtype).requires_grad_(False)
+    index = ids.to(linear.weight.device)
+    rows.weight.copy_(linear.weight[index])
+    if linear.bias is not None:
+        rows.bias.copy_(linear.bias[index])
+    return rows

@@ -1,0 +1,94 @@
+"""The methods a benchmark compares, on one shared target: our decoder with each head and tree
+kind, and HF's own decoding (plain `generate`, prompt lookup, assisted generation).
+
+- `vanilla`: HF `generate(do_sample=False)` with its default cache (what users have now);
+- `eagle2` / `eagle1`: our decoder with the dynamic (EAGLE-2) or static (EAGLE-1) tree;
+- `eagle3`: the dynamic tree with an EAGLE-3 head;
+- `eagle2-lookup` / `eagle3-lookup`: the same plus a prompt-lookup chain merged into the tree;
+- `pld`: HF prompt lookup decoding; `assisted`: HF assisted generation (needs an assistant).
+A decoder method may name another head: `eagle2@fresh` decodes with the head labelled `fresh`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+
+from eagle.model import EaModel
+from eagle.settings import TreeSettings
+from eagle.tokenizer import chat_prompt
+
+DECODERS = ("eagle2", "eagle1", "eagle2-lookup", "eagle3", "eagle3-lookup")  # our EaModel, with a tree kind
+METHODS = ("vanilla", *DECODERS, "pld", "assisted")
+LOOKUP = 10  # prompt-lookup chain of the -lookup methods when the settings give none (HF pld's 10)
+
+
+class ForwardCounter:
+    """Counts calls of a module's forward (target forwards inside HF generate)."""
+
+    def __init__(self, module: torch.nn.Module):
+        self.calls = 0
+        self._handle = module.register_forward_pre_hook(self._hook)
+
+    def _hook(self, *_):
+        self.calls += 1
+
+
+def split_method(method: str) -> tuple[str, str | None]:
+    """`eagle2@fresh` -> ("eagle2", "fresh"); `pld` -> ("pld", None)."""
+    kind, _, label = method.partition("@")
+    return kind, label or None
+
+
+def default_head_label(kind: str) -> str:
+    return "eagle3" if kind.startswith("eagle3") else "eagle2"
+
+
+class Bench:
+    """The target, tokenizer and one decoder per decoder method.
+
+    heads: label -> loaded head; a method `KIND` uses heads["eagle2"] or heads["eagle3"], and
+    `KIND@LABEL` heads[LABEL]. A `-lookup` method reuses its plain method's tuned tree budget."""
+
+    def __init__(self, target, tokenizer, heads: dict | None = None, methods: list[str] = (), assistant=None,
+                 max_new_tokens: int = 128, settings: TreeSettings = TreeSettings()):
+        self.target, self.tokenizer, self.assistant = target, tokenizer, assistant
+        self.max_new_tokens = max_new_tokens
+        self.counter = ForwardCounter(target)
+        self.eagle: dict[str, EaModel] = {}
+        for m in sorted((m for m in methods if split_method(m)[0] in DECODERS), key=lambda m: "-lookup" in m):
+            kind, label = split_method(m)
+            head = (heads or {})[label or default_head_label(kind)]
+            plain = self.eagle.get(m.replace("-lookup", ""))
+            tuned = settings if plain is None else plain.settings
+            chosen = replace(tuned, tree="static" if kind == "eagle1" else "dynamic",
+                             lookup=(settings.lookup or LOOKUP) if kind.endswith("-lookup") else 0)
+            self.eagle[m] = EaModel.from_modules(target, head, tokenizer, chosen)
+
+    def run(self, method: str, ids: torch.Tensor) -> tuple[torch.Tensor, int, float, list[int]]:
+        """New token ids [n], target forwards after prefill, seconds, accept lengths."""
+        if method in self.eagle:
+            model = self.eagle[method]
+            start = time.perf_counter()
+            out = model.eagenerate(ids, temperature=0.0, max_new_tokens=self.max_new_tokens, max_length=1 << 30)
+            seconds = time.perf_counter() - start
+            stats = model.last_stats
+            return out[0, ids.shape[1]:], stats.steps, seconds, list(stats.accept_lengths)
+        kwargs = dict(do_sample=False, max_new_tokens=self.max_new_tokens, temperature=None, top_p=None, top_k=None)
+        if method == "pld":
+            kwargs["prompt_lookup_num_tokens"] = 10
+        elif method == "assisted":
+            if self.assistant is None:
+                raise ValueError("method 'assisted' needs --assistant (a smaller model sharing the tokenizer)")
+            kwargs["assistant_model"] = self.assistant
+        self.counter.calls = 0
+        start = time.perf_counter()
+        with torch.inference_mode():
+            out = self.target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
+        seconds = time.perf_counter() - start
+        return out[0, ids.shape[1]:], max(self.counter.calls - 1, 0), seconds, []
+
+    def prompt_ids(self, history: list[dict]) -> torch.Tensor:
+        return chat_prompt(self.tokenizer, history)

@@ -1,0 +1,25 @@
+"""`python -m eagle.chat`: piped turns, the shared tree flags, and its one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from tests.tiny import ROOT
+
+
+def chat(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eagle.chat", *args], input=stdin, capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+
+
+def test_piped_turns_stream_replies_with_the_tree_flags(tiny_dir):
+    out = chat("--target", str(tiny_dir), "--random-head", "--dtype", "float32", "--max-new-tokens", "6",
+               "--total-token", "8", "--depth", "3", "--draft-top-k", "4", "--lookup", "4", stdin="Hi\nAnd again\n")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stderr.count("[tau ") == 2  # one statistics line per reply
+
+
+def test_a_missing_head_is_one_clear_line(tmp_path):
+    out = chat("--head", str(tmp_path / "nowhere"))
+    assert out.returncode == 2 and "no draft head at" in out.stderr

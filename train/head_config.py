@@ -1,0 +1,54 @@
+"""The head a run trains, sized from its target, and the check that the store feeds that head.
+
+- EAGLE-1/2 (`head=eagle2`): one decoder layer over the target's last hidden state, sized like
+  the target's layers; a fine-tune (`train.init_head`) keeps its starting head's depth and MLP width.
+- EAGLE-3 (`head=eagle3`): fuses `model.feature_layers` minus the last one, has no fc bias and its
+  own lm_head of `train.draft_vocab` rows (eagle/feature_layers.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from omegaconf import DictConfig
+
+from data_prep.store import FeatureStore
+from eagle.checkpoint import Head
+from eagle.draft import DraftConfig
+from eagle.feature_layers import LAST, fused_layers
+
+HEADS = ("eagle2", "eagle3")
+
+
+def draft_config(target_dir: Path, cfg: DictConfig, start: Head | None = None) -> DraftConfig:
+    """The head's sizes from the target; EAGLE-3: its fused layers and draft vocabulary size."""
+    from transformers import AutoConfig
+
+    kind = str(cfg.train.head)
+    if kind not in HEADS:
+        raise ValueError(f"train.head={kind!r}: choose the head with head=eagle2 or head=eagle3")
+    draft = DraftConfig.from_target_config(AutoConfig.from_pretrained(target_dir), target=str(cfg.model.path),
+                                           feature_layers=[LAST])
+    if kind == "eagle2" and start is not None:  # fine-tuning keeps the start's shape
+        draft.num_hidden_layers = start.config.num_hidden_layers
+        draft.intermediate_size = start.config.intermediate_size
+    if kind == "eagle3":
+        stored = [int(i) for i in cfg.model.feature_layers]
+        fused = fused_layers(stored)
+        if len(fused) < 2 or LAST not in stored:
+            raise ValueError(f"head=eagle3 needs model.feature_layers = its fused layers plus -1, got {stored}")
+        size = cfg.train.draft_vocab or draft.vocab_size
+        draft.architecture, draft.feature_layers, draft.fc_bias = "eagle3", fused, False
+        draft.draft_vocab_size = min(int(size), draft.vocab_size)
+    return draft
+
+
+def check_store(store: FeatureStore, store_dir: str, target: str, draft: DraftConfig) -> None:
+    """The store holds what this head reads: the same hidden size and, for EAGLE-3, its layers."""
+    if store.hidden_size != draft.hidden_size:
+        raise ValueError(f"{store_dir}: features have hidden size {store.hidden_size}, "
+                         f"target {target} has {draft.hidden_size}")
+    stored = list(store.manifest["target"].get("feature_layers", [LAST]))
+    if draft.architecture == "eagle3" and fused_layers(stored) != draft.feature_layers:
+        raise ValueError(f"{store_dir}: the store holds layers {stored}, the EAGLE-3 head fuses "
+                         f"{draft.feature_layers}: prepare a store with head=eagle3 (or matching model.feature_layers)")

@@ -1,0 +1,43 @@
+"""The weights a run starts from: a fresh head, or an exported head's (fine-tuning).
+
+Resuming a run (train/checkpoints.py) overrides both. A fresh EAGLE-3 head may start its
+lm_head and final norm from the target's (`train.init_lm_head`): the target's rows of its
+draft vocabulary, so its output space is the target's from step 0.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from eagle.checkpoint import Head, build_head
+from eagle.draft import DraftConfig
+
+log = logging.getLogger("train")
+
+
+def initial_head(config: DraftConfig, start: Head | None = None, start_name: str | None = None) -> Head:
+    """A fresh head of `config`, or one holding the weights of `start` (the exported head `start_name`)."""
+    head = build_head(config)
+    if start is None:
+        return head
+    s = start.config
+    if s.architecture != config.architecture:
+        raise ValueError(f"train.init_head={start_name}: an {s.architecture} head cannot start an "
+                         f"{config.architecture} run")
+    if (s.hidden_size, s.vocab_size) != (config.hidden_size, config.vocab_size):
+        raise ValueError(f"train.init_head={start_name}: head for hidden {s.hidden_size} / vocab {s.vocab_size}, "
+                         f"target has {config.hidden_size} / {config.vocab_size}")
+    head.load_state_dict(start.state_dict())
+    log.info("initialised the head from %s", start_name)
+    return head
+
+
+@torch.no_grad()
+def start_from_target(head: Head, lm_head_rows: torch.Tensor, norm: torch.Tensor | None) -> None:
+    """An EAGLE-3 head's lm_head := the target's rows of its draft vocabulary [Vd, H], its norm := the target's."""
+    head.lm_head.weight.copy_(lm_head_rows.float())
+    if norm is not None:
+        head.norm.weight.copy_(norm.float())
+    log.info("EAGLE-3 lm_head and norm start from the target's")

@@ -1,0 +1,29 @@
+"""Summed training statistics: accumulated over micro-batches, reduced over ranks, then averaged (loss.summarize)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+STAT_KEYS = ("n", "feature", "token", "top1", "topk", "pairs")
+
+
+def zeros() -> dict[str, torch.Tensor]:
+    """Empty sums, one float64 scalar per statistic."""
+    return {k: torch.zeros((), dtype=torch.float64) for k in STAT_KEYS}
+
+
+def accumulate(into: dict[str, torch.Tensor], sums: dict[str, torch.Tensor], pairs: int) -> None:
+    """Add one micro-batch's loss sums and its pair count (in place)."""
+    for k, v in sums.items():
+        into[k] += v
+    into["pairs"] += pairs
+
+
+def all_reduce(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The sums over all ranks (this rank's alone in a group of one)."""
+    keys = sorted(sums)
+    flat = torch.stack([sums[k] for k in keys])
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(flat)
+    return dict(zip(keys, flat))
