@@ -11,6 +11,7 @@ In the chat, `/reset` clears the history and `/exit` quits.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from pathlib import Path
 
@@ -114,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
+    logging.basicConfig(format="%(message)s", stream=sys.stderr)
+    logging.getLogger("eagle").setLevel(logging.INFO)  # the one-time tree timing says what it does
     try:
         model = build_model(args)
     except (FileNotFoundError, ValueError) as e:

@@ -29,6 +29,7 @@ from torch import nn
 from torch.profiler import record_function
 from transformers import AutoModelForCausalLM, DynamicCache
 
+import eagle.tuning_cache as tuning_cache
 from eagle.autotune import DEPTHS, SIZES, TreeBudget, describe, tune_tree
 from eagle.checkpoint import Head, load_head
 from eagle.drafter import Drafter
@@ -65,8 +66,8 @@ class EaModel(nn.Module):
     def __init__(self, target: nn.Module, head: Head, tokenizer=None, settings: TreeSettings = TreeSettings()):
         super().__init__()
         if settings.auto:
-            raise ValueError("total_token='auto' is timed when a model is built: use EaModel.from_pretrained or "
-                             "EaModel.from_modules, or pass a number")
+            raise ValueError("total_token='auto' (the default) is timed when a model is built: use "
+                             "EaModel.from_pretrained or EaModel.from_modules, or pass settings with a number")
         self.target = target.eval().requires_grad_(False)
         self.head = head.eval().requires_grad_(False)
         self.tokenizer = tokenizer
@@ -110,12 +111,23 @@ class EaModel(nn.Module):
         return cls.from_modules(target, head, tokenizer_if_any(path), settings)
 
     @torch.inference_mode()
-    def tune(self, prompts: list[torch.Tensor] | None = None) -> TreeBudget:
-        """Pick total_token and depth of the dynamic tree by measuring this device (eagle.autotune)."""
-        self.tuning = tune_tree(self, prompts)
-        self.settings = self.settings.tuned(self.tuning.total_token, self.tuning.depth)
-        log.info(describe(self.tuning))
-        return self.tuning
+    def tune(self, prompts: list[torch.Tensor] | None = None, reuse: bool = True) -> TreeBudget:
+        """Pick total_token and depth of the dynamic tree by measuring this device (eagle.autotune).
+
+        reuse: take the budget measured before for this head, target, dtype and machine
+        (eagle.tuning_cache) instead of timing again; a new measurement on the calibration
+        prompts is stored for the next load."""
+        key = tuning_cache.budget_key(self, SIZES, DEPTHS) if prompts is None else None
+        budget = tuning_cache.load(key) if key is not None and reuse else None
+        if budget is None:
+            log.info("timing the draft tree on this machine (once: the pick is cached)")
+            budget = tune_tree(self, prompts)
+            if key is not None:
+                tuning_cache.save(key, budget)
+        self.tuning = budget
+        self.settings = self.settings.tuned(budget.total_token, budget.depth)
+        log.info(describe(budget))
+        return budget
 
     @property
     def draft_vocab_size(self) -> int:

@@ -2,7 +2,8 @@
 
 Tunes the dynamic tree (eagle/autotune.py) several times in a row on one loaded model and
 prints each pick and its expected tokens/s, to see how much the choice moves with the
-machine's load.
+machine's load. The last pick is what later loads with `total_token="auto"` reuse
+(eagle/tuning_cache.py).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def main(argv: list[str] | None = None) -> list[TreeBudget]:
     budgets = []
     for run in range(args.runs):
         start = time.perf_counter()
-        budgets.append(model.tune())
+        budgets.append(model.tune(reuse=False))
         print(f"run {run + 1}/{args.runs} ({time.perf_counter() - start:.0f} s): {describe(budgets[-1])}", flush=True)
     picks = [(b.total_token, b.depth) for b in budgets]
     print(f"picks (total_token, depth): {picks}; expected tok/s "

@@ -15,7 +15,7 @@ from data_prep.prompts import held_back_prompts, load_questions
 from eagle.draft import DraftConfig
 from eagle.model import EaModel
 from eagle.settings import TreeSettings
-from tests.tiny import bigram_head, random_head, tiny_llama, write_tiny_store
+from tests.tiny import FIXED, bigram_head, random_head, tiny_llama, write_tiny_store
 from train.config import validate
 from train.judge import CHAIN, Judge, count_tau
 from train.tracking import Tracker
@@ -65,7 +65,7 @@ def test_tau_counts_match_the_decoded_tokens_and_target_loads_once():
     second = judge.measure(head)
     assert len(loads) == 1
     assert set(first.counts) == {"tree", "chain"} and first.seconds > 0
-    naive = EaModel(target, head)
+    naive = EaModel(target, head, settings=FIXED)
     expected = sum(naive.naivegenerate(p, max_new_tokens=20).shape[1] - p.shape[1] for p in prompts(3))
     for name, count in first.counts.items():
         assert count.new_tokens == expected, name  # lossless: both trees emit the greedy reply

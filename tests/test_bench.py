@@ -64,7 +64,7 @@ def test_end_to_end_on_tiny_target(tiny_dir, tmp_path):
     methods = ["eagle2", "eagle1", "eagle2-lookup", "eagle3", "eagle3-lookup", "eagle2@other", "pld"]
     table = main(["--base", str(tiny_dir), "--head", str(tmp_path / "head"), "--head3", str(tmp_path / "head3"),
                   "--heads", f"other={tmp_path / 'other'}", "--prompts", str(qfile), "--dtype", "float32",
-                  "--max-new-tokens", "12", "--methods", ",".join(["vanilla", *methods]), "--out", str(tmp_path / "out"),
+                  "--max-new-tokens", "12", "--total-token", "12", "--methods", ",".join(["vanilla", *methods]), "--out", str(tmp_path / "out"),
                   "--no-progress"])
     for m in methods:
         assert table[m]["all"]["equal_to_vanilla"] == "4/4", m

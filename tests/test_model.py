@@ -17,7 +17,7 @@ from eagle.model import EaModel
 from eagle.settings import TreeSettings
 from eagle.tree import static_tree
 from eagle.verify import SamplingParams
-from tests.tiny import TREES, embedded_target_or_skip, hf_greedy, near_bigram_pair, prompt, random_head, tiny_llama
+from tests.tiny import FIXED, TREES, embedded_target_or_skip, hf_greedy, near_bigram_pair, prompt, random_head, tiny_llama
 
 
 @pytest.mark.parametrize("tree", list(TREES))
@@ -56,7 +56,7 @@ def test_extreme_tree_sizes(sizes):
 
 def test_bfloat16_runs():
     target, head = near_bigram_pair(1)
-    model = EaModel(target.to(torch.bfloat16), head.to(torch.bfloat16))
+    model = EaModel(target.to(torch.bfloat16), head.to(torch.bfloat16), settings=FIXED)
     model.eos_ids = set()
     out = model.eagenerate(prompt(0, 5), max_new_tokens=16)
     assert out.shape == (1, 21)
@@ -108,7 +108,7 @@ def test_draft_cache_feed_equals_causal_head_passes(layers):
         for layer in head.layers:
             layer.self_attn.q_proj.weight.mul_(8)
             layer.self_attn.k_proj.weight.mul_(8)
-    model = EaModel(target, head)
+    model = EaModel(target, head, settings=FIXED)
     state, _ = model.prefill(prompt(1, 6), SamplingParams())
     drafts = DraftCache(state)
     with torch.no_grad():
@@ -134,7 +134,7 @@ def test_head_cache_holds_target_features_of_committed_tokens(tree, temperature)
     h = target.config.hidden_size
     with torch.no_grad():  # make the head depend on the features, keeping its drafts good
         head.fc.weight[:, h:] = 3e-4 * torch.randn(h, h, generator=torch.Generator().manual_seed(0))
-    model = EaModel(target, head, settings=TreeSettings(tree=tree))
+    model = EaModel(target, head, settings=replace(FIXED, tree=tree))
     params = SamplingParams(temperature)
     torch.manual_seed(0)
     state, _ = model.prefill(prompt(5, 6), params)
@@ -155,7 +155,7 @@ def test_head_cache_holds_target_features_of_committed_tokens(tree, temperature)
 
 def test_greedy_equals_naivegenerate_and_log_semantics():
     target, head = near_bigram_pair(5)
-    model = EaModel(target, head)
+    model = EaModel(target, head, settings=FIXED)
     model.eos_ids = set()
     ids = prompt(1, 6)
     out, new, steps = model.eagenerate(ids, max_new_tokens=30, log=True)
@@ -170,7 +170,7 @@ def test_greedy_equals_naivegenerate_and_log_semantics():
 
 def test_streaming_yields_the_same_tokens():
     target, head = near_bigram_pair(2)
-    model = EaModel(target, head)
+    model = EaModel(target, head, settings=FIXED)
     ids = prompt(4, 5)
     chunks = list(model.ea_generate(ids, max_new_tokens=25))
     assert any(c.numel() > 1 for c in chunks)
@@ -180,7 +180,7 @@ def test_streaming_yields_the_same_tokens():
 @pytest.mark.parametrize("method", ["eagenerate", "naivegenerate"])
 def test_max_new_tokens_and_max_length_are_never_exceeded(method):
     target, head = near_bigram_pair(3)
-    model = EaModel(target, head)
+    model = EaModel(target, head, settings=FIXED)
     model.eos_ids = set()
     ids = prompt(9, 6)
     full = getattr(model, method)(ids, max_new_tokens=40)
@@ -196,7 +196,7 @@ def test_max_new_tokens_and_max_length_are_never_exceeded(method):
 @pytest.mark.parametrize("method", ["eagenerate", "naivegenerate"])
 def test_eos_stops_generation(method):
     target, head = near_bigram_pair(3)
-    model = EaModel(target, head)
+    model = EaModel(target, head, settings=FIXED)
     model.eos_ids = set()
     ids = prompt(9, 6)
     full = getattr(model, method)(ids, max_new_tokens=40)[0, 6:].tolist()
@@ -209,7 +209,7 @@ def test_eos_stops_generation(method):
 
 def test_eos_ids_come_from_the_generation_config():
     target = tiny_llama(0)
-    assert EaModel(target, random_head(target)).eos_ids == {2}
+    assert EaModel(target, random_head(target), settings=FIXED).eos_ids == {2}
 
 
 def write_eagle_layout(directory, head: DraftHead, target) -> None:
@@ -284,7 +284,7 @@ def test_embedded_target_greedy_equality_random_head():
 
     target = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = EaModel(target, random_head(target), tokenizer)
+    model = EaModel(target, random_head(target), tokenizer, settings=FIXED)
     assert 2 in model.eos_ids  # <|im_end|>
     questions = ["What is the capital of France?", "Write a haiku about the sea.", "Explain recursion briefly."]
     for q in questions:
@@ -341,16 +341,16 @@ def test_draft_vocab_beyond_the_stored_vocabulary_adds_the_targets_other_tokens(
     ids = prompt(0, 6)
     ref = hf_greedy(target, ids, 30)
     head.draft_ids = torch.tensor([5, 3, 9])
-    model = EaModel(target, head, settings=TreeSettings(draft_vocab=40))
+    model = EaModel(target, head, settings=replace(FIXED, draft_vocab=40))
     assert model.drafter.vocab.ids[:3].tolist() == [5, 3, 9] and len(set(model.drafter.vocab.ids.tolist())) == 40
     assert torch.equal(model.eagenerate(ids, max_new_tokens=30), ref)
-    assert EaModel(target, head, settings=TreeSettings(draft_vocab=128)).drafter.vocab.ids is None  # the whole vocabulary
+    assert EaModel(target, head, settings=replace(FIXED, draft_vocab=128)).drafter.vocab.ids is None  # the whole vocabulary
 
 
 def test_draft_vocab_without_a_stored_vocabulary_is_a_clear_error():
     target, head = near_bigram_pair(0)
     with pytest.raises(ValueError, match="stored draft vocabulary"):
-        EaModel(target, head, settings=TreeSettings(draft_vocab=16))
+        EaModel(target, head, settings=replace(FIXED, draft_vocab=16))
 
 
 # ---- total_token="auto" ----------------------------------------------------------------
@@ -406,4 +406,29 @@ def test_head_for_another_target_is_a_one_line_error():
     target, head = near_bigram_pair(0)
     other = tiny_llama(1, vocab_size=96)
     with pytest.raises(ValueError, match=r"trained for .*vocabulary 128.*vocabulary 96.*python -m train"):
-        EaModel(other, head)
+        EaModel(other, head, settings=FIXED)
+
+
+def test_a_tuned_budget_is_reused_for_the_same_head_target_and_machine(tmp_path, monkeypatch):
+    """total_token="auto" times the machine once; the next load with the same key reuses the pick
+    (eagle/tuning_cache.py); another head, or reuse=False, measures again."""
+    import eagle.model
+
+    monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
+    calls = []
+    real = eagle.model.tune_tree
+
+    def counted(model, prompts=None):
+        calls.append(1)
+        return real(model, prompts, steps_per_prompt=2, repeats=1)
+
+    monkeypatch.setattr(eagle.model, "tune_tree", counted)
+    target, head = near_bigram_pair(2)
+    auto = TreeSettings(top_k=4)
+    first = EaModel.from_modules(target, head, settings=auto)
+    again = EaModel.from_modules(target, head, settings=auto)
+    assert len(calls) == 1 and again.settings == first.settings and again.tuning.grid == first.tuning.grid
+    assert len(list((tmp_path / "tree-budgets").glob("*.json"))) == 1
+    EaModel.from_modules(target, random_head(target, 9), settings=auto)
+    again.tune(reuse=False)
+    assert len(calls) == 3

@@ -19,6 +19,7 @@ def parse(*argv: str, **defaults) -> TreeSettings:
 
 def test_the_flags_default_to_the_settings_defaults():
     assert parse() == TreeSettings()
+    assert TreeSettings().auto  # the default: the tree timed on this machine
 
 
 def test_every_flag_reaches_its_field():

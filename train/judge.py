@@ -35,7 +35,9 @@ from eagle.tree import Choices
 log = logging.getLogger("train")
 
 CHAIN: Choices = [[0] * d for d in range(1, 6)]  # [[0], [0, 0], ..., [0, 0, 0, 0, 0]]
-TREES: dict[str, str | Choices] = {"tree": "dynamic", "chain": CHAIN}
+# Fixed trees, not the tuned default: a head's τ must not depend on the machine that measures it.
+TREES: dict[str, TreeSettings] = {"tree": TreeSettings(total_token=24, depth=5, top_k=8),
+                                  "chain": TreeSettings(tree=CHAIN)}
 
 
 @dataclass
@@ -91,7 +93,7 @@ class Judge:
     """
 
     def __init__(self, prompts: list[torch.Tensor], load_target: Callable[[], nn.Module], max_new_tokens: int = 64,
-                 tokenizer=None, trees: dict[str, str | Choices] | None = None):
+                 tokenizer=None, trees: dict[str, TreeSettings] | None = None):
         self.prompts, self.max_new_tokens, self.tokenizer = prompts, max_new_tokens, tokenizer
         self.trees = dict(TREES if trees is None else trees)
         self._load_target = load_target
@@ -127,7 +129,7 @@ class Judge:
         result = Acceptance()
         start = time.perf_counter()
         for name, tree in self.trees.items():
-            model = EaModel(self.target, head, self.tokenizer, TreeSettings(tree=tree))
+            model = EaModel(self.target, head, self.tokenizer, tree)
             result.counts[name] = count_tau(model, self.prompts, self.max_new_tokens)
         result.seconds = time.perf_counter() - start
         return result

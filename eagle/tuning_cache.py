@@ -1,0 +1,95 @@
+"""Tree budgets measured once per machine: `total_token="auto"` without re-timing at every load.
+
+Tuning (eagle/autotune.py) times the target and the head on this device for tens of seconds.
+The budget it picks depends only on the head's and the target's weights, the dtype, the
+device, the thread count and the draft settings, so it is stored under a key of exactly
+those and reused by the next load with the same key. `python -m evaluation.autotune`
+measures again (and stores the latest pick).
+
+    <cache_dir>/tree-budgets/<key>.json   {"key": {...what was hashed...}, "budget": {...}}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from eagle.autotune import TreeBudget
+from eagle.targets import cache_dir
+
+VERSION = 1  # bump when the tuner's measurement changes, so old picks are not reused
+
+
+def budget_key(model, sizes, depths) -> dict:
+    """Everything a tuned budget depends on, with the weights as digests."""
+    target, head = model.target, model.head
+    lm_head = target.get_output_embeddings().weight
+    return {
+        "version": VERSION, "sizes": list(sizes), "depths": list(depths),
+        "head": _digest(head.state_dict().values(), head.draft_ids),
+        "target": _digest([lm_head.flatten()[:: max(1, lm_head.numel() // 65536)]],  # a strided sample
+                          target.config.to_json_string(use_diff=False).encode()),
+        "dtype": str(lm_head.dtype), "device": _device_name(lm_head.device), "threads": torch.get_num_threads(),
+        "torch": torch.__version__, "top_k": model.settings.top_k, "draft_vocab": model.draft_vocab_size,
+    }
+
+
+def path_of(key: dict) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
+    return cache_dir() / "tree-budgets" / f"{digest}.json"
+
+
+def load(key: dict) -> TreeBudget | None:
+    """The budget stored for `key`, or None (never stored, or unreadable)."""
+    try:
+        entry = json.loads(path_of(key).read_text())
+        if entry.get("key") != key:
+            return None
+        fields = entry["budget"]
+        return TreeBudget(fields["total_token"], fields["depth"], fields["tokens_per_second"], fields["grid"],
+                          {int(n): ms for n, ms in fields["verify_ms"].items()},
+                          {int(d): ms for d, ms in fields["draft_ms"].items()}, fields["rest_ms"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def save(key: dict, budget: TreeBudget) -> Path:
+    """Store a TreeBudget atomically (its per-step accept lengths are left out)."""
+    path = path_of(key)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fields = {k: v for k, v in asdict(budget).items() if k != "accepted"}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+    with os.fdopen(fd, "w") as f:
+        json.dump({"key": key, "budget": fields}, f, indent=1)
+    os.replace(tmp, path)
+    return path
+
+
+def _digest(tensors, extra) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    if isinstance(extra, torch.Tensor):
+        h.update(extra.cpu().numpy().tobytes())
+    elif extra is not None:
+        h.update(extra)
+    return h.hexdigest()
+
+
+def _device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
