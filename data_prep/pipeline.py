@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from data_prep import distributed
 from data_prep.conversations import Conversation, expand_sources, read_conversations
 from data_prep.features import compute_records
 from data_prep.reuse import Donors, link_shard
@@ -68,20 +68,20 @@ def prepare(cfg) -> Path:
     if manifest is not None and manifest.get("complete"):
         log.info("store %s is complete (%d records); nothing to do", out, manifest["records"])
         return out
-    rank, world = _distributed()
+    rank, world = distributed.init()
     job = _job(cfg, out, rank, world)
     n_shards = -(-len(job.conversations) // cfg.data.shard_records)
     if rank == 0:
         write_manifest(out, _manifest(cfg, job, key, n_shards, complete=False))
     model = load_target(job.target_dir, cfg.model.dtype)
     stats = _run_shards(cfg, job, model, n_shards)
-    _barrier(world)
+    distributed.barrier()
     if rank == 0:
         manifest = _manifest(cfg, job, key, n_shards, complete=True)
         manifest["throughput"] = stats
         write_manifest(out, manifest)
         log.info("store %s complete: %d records, %d tokens", out, manifest["records"], manifest["tokens"])
-    _barrier(world)
+    distributed.barrier()
     return out
 
 
@@ -204,17 +204,3 @@ def _manifest(cfg, job: Job, key: str, n_shards: int, complete: bool) -> dict:
     manifest["config_key"] = key
     manifest["expected_shards"] = n_shards
     return manifest
-
-
-def _distributed() -> tuple[int, int]:
-    """(rank, world) from torchrun's environment; a gloo group when world > 1."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    rank = int(os.environ.get("RANK", "0"))
-    if world > 1 and not torch.distributed.is_initialized():
-        torch.distributed.init_process_group("gloo")
-    return rank, world
-
-
-def _barrier(world: int) -> None:
-    if world > 1:
-        torch.distributed.barrier()

@@ -19,6 +19,7 @@ import torch
 from tqdm import tqdm
 from transformers import DynamicCache
 
+from data_prep import distributed
 from data_prep.conversations import Conversation
 from eagle.targets import load_target
 from eagle.tokenizer import eos_token_ids
@@ -42,8 +43,7 @@ def regenerate(cfg, target_dir: Path, tokenizer, conversations: list[Conversatio
             chunk = generator.conversations(conversations[k * size:(k + 1) * size])
             _write_chunk(_chunk_path(out, k), chunk)
         log.info("regeneration: %d tokens at %.1f tokens/s", generator.tokens, generator.tokens_per_s)
-    if world > 1:
-        torch.distributed.barrier()
+    distributed.barrier()
     return [c for k in range(n_chunks) for c in _read_chunk(_chunk_path(out, k))]
 
 

@@ -201,8 +201,8 @@ def test_torchrun_two_processes_zero3_reports_tau(tiny_dir, chat_store, tmp_path
     import subprocess
     import sys
 
+    from data_prep.distributed import free_port
     from tests.tiny import clean_env
-    from train.engine import free_port
 
     args = ["+model=smollm2_135m", f"model.path={tiny_dir}", f"store_dir={chat_store}", f"output_dir={tmp_path}",
             "wandb.mode=disabled", "train.batch_tokens=128", "train.max_steps=4", "train.eval_every=0",

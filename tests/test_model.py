@@ -17,7 +17,16 @@ from eagle.model import EaModel
 from eagle.settings import TreeSettings
 from eagle.tree import static_tree
 from eagle.verify import SamplingParams
-from tests.tiny import FIXED, TREES, embedded_target_or_skip, hf_greedy, near_bigram_pair, prompt, random_head, tiny_llama
+from tests.tiny import (
+    FIXED,
+    TREES,
+    embedded_target_or_skip,
+    hf_greedy,
+    near_bigram_pair,
+    prompt,
+    random_head,
+    tiny_llama,
+)
 
 
 @pytest.mark.parametrize("tree", list(TREES))

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from data_prep.distributed import free_port
 from eagle.checkpoint import save_head
 from eagle.draft import DraftConfig, DraftHead
-from train.engine import free_port
 from train.publish import PublishError, main, publish
 
 TOKEN = "hf_test_token_0123456789"

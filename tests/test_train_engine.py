@@ -16,12 +16,12 @@ import torch
 from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
+from data_prep.distributed import free_port
 from data_prep.store import FeatureStore
 from eagle.checkpoint import load_head, write_draft_vocab
 from eagle.vocab import ranked_ids
 from tests.tiny import clean_env, tiny_llama, write_tiny_store
 from train.config import validate
-from train.engine import free_port
 from train.trainer import Trainer
 from train.vocab import main as vocab_main
 from train.vocab import token_counts
@@ -293,3 +293,35 @@ def test_eagle3_head_trains_exports_and_decodes_losslessly(tiny3, tmp_path):
 def test_eagle3_needs_a_store_with_its_layers(tiny, tmp_path):
     with pytest.raises(ValueError, match="prepare a store with head=eagle3"):
         Trainer(make_cfg(tiny, tmp_path, "head=eagle3", "model.feature_layers=[0,1,-1]", "train.max_steps=1"))
+
+
+def test_the_step_statistics_stay_on_the_models_device(tiny, tmp_path):
+    """On a GPU node the head, the frozen matrices and every batch are on CUDA: the trainer's losses
+    and summed statistics must be too (a CPU `+=` of a CUDA loss, or a CPU tensor all-reduced by
+    NCCL, fails on the first step there). tests/pseudo_cuda.py makes CUDA's device rules hold on
+    this CPU; the held-out pass runs the same loss and statistics code as a training step."""
+    import torch.distributed as dist
+
+    from tests.pseudo_cuda import PseudoCuda
+
+    trainer = Trainer(make_cfg(tiny, tmp_path, "train.max_steps=1", "deepspeed=zero0_fp32"))
+    reduced = []
+    real_all_reduce = dist.all_reduce
+
+    def all_reduce(tensor, *args, **kwargs):  # what NCCL would be handed
+        reduced.append(tensor.device)
+        return real_all_reduce(tensor, *args, **kwargs)
+
+    with PseudoCuda():
+        cuda = torch.device("cuda")
+        trainer.device, trainer.frozen = cuda, trainer.frozen.to(cuda)
+        trainer.loss_lm_head = trainer.loss_lm_head.to(cuda)
+        trainer.engine.module.to(cuda)
+        dist.all_reduce, get_world_size = all_reduce, dist.get_world_size
+        dist.get_world_size = lambda *a: 2  # take the multi-rank branch; the real group has one rank
+        try:
+            metrics = trainer.evaluate()
+        finally:
+            dist.all_reduce, dist.get_world_size = real_all_reduce, get_world_size
+    assert 0 <= metrics["top1"] <= 1 and metrics["feature_loss"] > 0
+    assert reduced and all(d.type == "cuda" for d in reduced)

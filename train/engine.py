@@ -1,30 +1,24 @@
 """DeepSpeed setup: process group, DeepSpeed config, optimizer, LR schedule, full weights.
 
 Always `deepspeed.initialize`, also for one process without a launcher: `init_distributed`
-then creates a world-size-1 gloo group itself. Under torchrun (or `deepspeed
---no_local_rank`) the launcher's RANK/WORLD_SIZE/MASTER_* are used as they are.
+joins the program's one process group (data_prep/distributed.py), a group of one without a
+launcher.
 """
 
 from __future__ import annotations
 
 import math
 import os
-import socket
 import sys
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from data_prep import distributed
+
 NEVER = 10**12  # DeepSpeed's own step printing: off (we log ourselves)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def extensions_dir() -> str:
@@ -37,20 +31,11 @@ def extensions_dir() -> str:
     return os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
 
 
-def init_distributed(timeout_minutes: int = 60) -> tuple[int, int]:
-    """Join (or create) the process group (NCCL on GPU nodes, else gloo); return (rank, world_size)."""
+def init_distributed() -> tuple[int, int]:
+    """The program's process group (data_prep.distributed: NCCL for CUDA tensors on GPU nodes)
+    and DeepSpeed's op directory; returns (rank, world_size)."""
     extensions_dir()
-    if not dist.is_initialized():
-        if "RANK" not in os.environ:  # plain `python -m train`: a group of one
-            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), RANK="0",
-                              LOCAL_RANK="0", WORLD_SIZE="1")
-        os.environ.setdefault("LOCAL_RANK", os.environ["RANK"])
-        backend = "gloo"
-        if torch.cuda.is_available():
-            torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))
-            backend = "nccl"
-        dist.init_process_group(backend, timeout=timedelta(minutes=timeout_minutes))
-    return dist.get_rank(), dist.get_world_size()
+    return distributed.init()
 
 
 def ds_config(cfg: DictConfig) -> dict:

@@ -64,7 +64,7 @@ class LossOutput:
     loss: torch.Tensor  # [] weighted total
     feature_loss: torch.Tensor  # [] mean SmoothL1 over masked pairs (and hidden dims)
     token_loss: torch.Tensor  # [] mean soft cross-entropy over masked pairs
-    sums: dict[str, torch.Tensor]  # n, feature, token, top1, topk: float64 sums
+    sums: dict[str, torch.Tensor]  # n, feature, token, top1, topk: float64 sums on the loss's device
 
 
 @dataclass
@@ -120,7 +120,7 @@ def eagle_loss(
         draft_top = draft_logits.topk(min(topk, draft_logits.shape[-1]), dim=-1).indices  # [n, k]
         hits = draft_top == target_top[:, None]
         sums = {
-            "n": torch.tensor(float(n), dtype=torch.float64),
+            "n": torch.full((), float(n), dtype=torch.float64, device=pred.device),
             "feature": feature_loss.detach().double() * n,
             "token": token_loss.detach().double() * n,
             "top1": hits[:, 0].sum().double(),
@@ -141,7 +141,7 @@ def pass_mask(mask: torch.Tensor, step: int) -> torch.Tensor:
 def _no_pairs(pred: torch.Tensor) -> LossOutput:
     """The loss of a batch without masked pairs: 0, still differentiable, zero sums."""
     zero = pred.sum() * 0.0
-    sums = {k: torch.zeros((), dtype=torch.float64) for k in ("n", "feature", "token", "top1", "topk")}
+    sums = {k: torch.zeros((), dtype=torch.float64, device=pred.device) for k in ("n", "feature", "token", "top1", "topk")}
     return LossOutput(zero, zero.detach(), zero.detach(), sums)
 
 
@@ -166,8 +166,8 @@ def eagle3_loss(logits_of, pred: torch.Tensor, mask: torch.Tensor, target: Vocab
         if draft_ids is not None:
             draft_top = draft_ids[draft_top]
         hits = draft_top == top[:, None]
-        zero = torch.zeros((), dtype=torch.float64)
-        sums = {"n": torch.tensor(float(n), dtype=torch.float64), "feature": zero,
+        zero = torch.zeros((), dtype=torch.float64, device=pred.device)
+        sums = {"n": torch.full((), float(n), dtype=torch.float64, device=pred.device), "feature": zero,
                 "token": token_loss.detach().double() * n, "top1": hits[:, 0].sum().double(),
                 "topk": hits.any(-1).sum().double()}
     return LossOutput(token_loss, zero, token_loss.detach(), sums)

@@ -1,4 +1,8 @@
-"""Summed training statistics: accumulated over micro-batches, reduced over ranks, then averaged (loss.summarize)."""
+"""Summed training statistics: accumulated over micro-batches, reduced over ranks, then averaged (loss.summarize).
+
+The sums live on the device the losses are computed on (CUDA on a GPU node), so accumulating
+never mixes devices and the all-reduce runs on NCCL's device; only `loss.summarize` reads them
+back to Python floats, once per logging window."""
 
 from __future__ import annotations
 
@@ -8,9 +12,9 @@ import torch.distributed as dist
 STAT_KEYS = ("n", "feature", "token", "top1", "topk", "pairs")
 
 
-def zeros() -> dict[str, torch.Tensor]:
-    """Empty sums, one float64 scalar per statistic."""
-    return {k: torch.zeros((), dtype=torch.float64) for k in STAT_KEYS}
+def zeros(device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Empty sums, one float64 scalar per statistic, on `device` (the model's)."""
+    return {k: torch.zeros((), dtype=torch.float64, device=device) for k in STAT_KEYS}
 
 
 def accumulate(into: dict[str, torch.Tensor], sums: dict[str, torch.Tensor], pairs: int) -> None:
@@ -21,7 +25,7 @@ def accumulate(into: dict[str, torch.Tensor], sums: dict[str, torch.Tensor], pai
 
 
 def all_reduce(sums: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The sums over all ranks (this rank's alone in a group of one)."""
+    """The sums over all ranks (this rank's alone in a group of one), reduced on their own device."""
     keys = sorted(sums)
     flat = torch.stack([sums[k] for k in keys])
     if dist.is_initialized() and dist.get_world_size() > 1:

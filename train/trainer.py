@@ -152,7 +152,7 @@ class Trainer:
         tracker = self._tracker()
         batches = self.planned_batches(self.step, max(0, self.total_steps - self.step))
         bar = _progress(self.total_steps, self.step, enabled=t.progress and self.rank == 0)
-        window = stats.zeros()
+        window = stats.zeros(self.device)
         train_metrics: dict[str, float] = {}
         micro, window_start, step_start = self.step * ga, time.perf_counter(), time.perf_counter()
         step_pairs = 0
@@ -171,7 +171,7 @@ class Trainer:
             bar.update(1)
             if self.step % t.log_every == 0 or self.step == self.total_steps:
                 train_metrics = self._log_window(window, now - window_start, bar, tracker)
-                window, window_start = stats.zeros(), time.perf_counter()
+                window, window_start = stats.zeros(self.device), time.perf_counter()
             if self.step < self.total_steps:
                 self._evaluate_due(tracker)
             if t.save_every and self.step % t.save_every == 0:
@@ -217,7 +217,7 @@ class Trainer:
         mine = batches[self.rank::self.world][:per_rank]
         real = len(mine)
         mine += [batches[0]] * (per_rank - real)  # ZeRO-3 gathers are collective: keep ranks in step
-        sums = stats.zeros()
+        sums = stats.zeros(self.device)
         self.engine.eval()
         for i, batch in enumerate(loader(self.store, mine)):
             p = self.pairs(batch)

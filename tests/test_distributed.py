@@ -1,0 +1,40 @@
+"""The program's one process group (data_prep/distributed.py), checked on a CPU with CUDA pretended."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from data_prep import distributed
+from train.engine import init_distributed
+
+
+def pretend_cuda(monkeypatch, world: int = 2) -> list[str]:
+    """torch.cuda.is_available() is True and init_process_group records its backend instead of joining."""
+    created: list[str] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda index: None)
+    monkeypatch.setattr(dist, "is_initialized", lambda: bool(created))
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kwargs: created.append(backend))
+    monkeypatch.setattr(dist, "get_rank", lambda *a: 0)
+    monkeypatch.setattr(dist, "get_world_size", lambda *a: world)
+    for key, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29999"}.items():
+        monkeypatch.setenv(key, value)
+    return created
+
+
+def test_data_prep_then_training_share_one_group_that_reduces_cuda_tensors(monkeypatch):
+    """`python -m train` runs data_prep first, which creates the group; the trainer keeps it. On a
+    GPU node that group must carry NCCL for the trainer's CUDA tensors (gloo cannot reduce them)."""
+    created = pretend_cuda(monkeypatch)
+    assert distributed.init() == (0, 2)  # data_prep.pipeline.prepare's first call
+    assert init_distributed() == (0, 2)  # the trainer's, later in the same process
+    assert created == ["cpu:gloo,cuda:nccl"]
+
+
+def test_without_cuda_the_group_is_gloo(monkeypatch):
+    created = pretend_cuda(monkeypatch, world=1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    distributed.init()
+    assert created == ["gloo"]
