@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import os
 import socket
+import time
+import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -49,3 +52,45 @@ def barrier() -> None:
     """Wait for every rank (nothing to wait for in a group of one)."""
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def merged(mine: dict) -> dict:
+    """The union of every rank's dict (all_gather_object); this rank's own in a group of one."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return dict(mine)
+    parts: list[dict | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, mine)
+    return {k: v for part in parts for k, v in part.items()}
+
+
+def check_shared(path: str | Path, what: str, patience_s: float = 15.0) -> None:
+    """Every rank must see the same folder `path` (one filesystem across nodes), or all ranks stop
+    with the same one-line error, before any rank decides anything from what it sees there.
+
+    Rank 0 writes a marker; every rank looks for it (waiting out a network filesystem's lookup
+    cache for up to `patience_s`). Without this, a store written on per-node disks looks
+    complete with a fraction of its shards, and ranks disagree about resuming and hang."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    path = Path(path).resolve()
+    path.mkdir(parents=True, exist_ok=True)
+    token = [uuid.uuid4().hex if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(token, src=0)
+    marker = path / f".shared-check-{token[0]}"
+    if dist.get_rank() == 0:
+        marker.write_text(socket.gethostname())
+    dist.barrier()
+    deadline = time.monotonic() + patience_s
+    while not marker.exists() and time.monotonic() < deadline:
+        time.sleep(1.0)
+    seen: list = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, (marker.exists(), socket.gethostname()))
+    dist.barrier()
+    if dist.get_rank() == 0:
+        marker.unlink(missing_ok=True)
+    blind = [(rank, host) for rank, (ok, host) in enumerate(seen) if not ok]
+    if blind:
+        rank, host = blind[0]
+        raise ValueError(f"{what}={path} is not shared between the nodes: rank {rank} on {host} cannot see a file "
+                         f"rank 0 wrote there ({len(blind)} of {len(seen)} ranks cannot); put {what} on a filesystem "
+                         "every node mounts (NFS, Lustre, ...) and start again")

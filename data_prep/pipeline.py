@@ -57,7 +57,8 @@ class Job:
 def prepare(cfg) -> Path:
     """Build (or finish) the feature store at `cfg.store_dir`; return its path."""
     out = Path(cfg.store_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
+    rank, world = distributed.init()
+    distributed.check_shared(out, "store_dir")  # before any rank acts on what it finds there
     manifest = read_manifest(out)
     key = config_key(cfg)
     if manifest is not None and manifest.get("config_key") != key:
@@ -68,14 +69,14 @@ def prepare(cfg) -> Path:
     if manifest is not None and manifest.get("complete"):
         log.info("store %s is complete (%d records); nothing to do", out, manifest["records"])
         return out
-    rank, world = distributed.init()
     job = _job(cfg, out, rank, world)
     n_shards = -(-len(job.conversations) // cfg.data.shard_records)
+    job.entries = _finished(out, manifest, [k for k in range(n_shards) if k % world == rank])
     if rank == 0:
         write_manifest(out, _manifest(cfg, job, key, n_shards, complete=False))
     model = load_target(job.target_dir, cfg.model.dtype)
     stats = _run_shards(cfg, job, model, n_shards)
-    distributed.barrier()
+    job.entries = distributed.merged(job.entries)  # every rank's shards, each hashed once, by its writer
     if rank == 0:
         manifest = _manifest(cfg, job, key, n_shards, complete=True)
         manifest["throughput"] = stats
@@ -151,6 +152,7 @@ def _run_shards(cfg, job: Job, model, n_shards: int) -> dict:
         donor = donors.find(tokenized, skipped)
         if donor is not None:
             link_shard(donor, job.out / shard_name(k))
+            job.entries[k] = shard_entry(job.out / shard_name(k))
             reused += 1
             bar.update(len(chunk))
             continue
@@ -188,11 +190,16 @@ def _tokenize(tokenizer, chunk: list[Conversation], max_len: int) -> tuple[list[
     return out, skipped
 
 
+def _finished(out: Path, manifest: dict | None, shards: list[int]) -> dict[int, dict]:
+    """Manifest entries of the finished shards among `shards`: the entry an earlier run recorded
+    when it lists the file, else read (and hashed) from the file now."""
+    recorded = {e["file"]: e for e in (manifest or {}).get("shards", [])}
+    done = [k for k in shards if (out / shard_name(k)).exists()]
+    return {k: recorded.get(shard_name(k)) or shard_entry(out / shard_name(k)) for k in done}
+
+
 def _manifest(cfg, job: Job, key: str, n_shards: int, complete: bool) -> dict:
-    """The manifest over the shards finished so far; each shard is read and hashed only once."""
-    for k in range(n_shards):
-        if k not in job.entries and (job.out / shard_name(k)).exists():
-            job.entries[k] = shard_entry(job.out / shard_name(k))
+    """The manifest over the finished shards the job knows of (job.entries); nothing is re-read."""
     shards = [job.entries[k] for k in sorted(job.entries)]
     source = dict(job.source)
     skipped = Counter(source.get("skipped", {}))

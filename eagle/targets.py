@@ -58,12 +58,33 @@ def resolve_target(name_or_path: str | os.PathLike) -> Path:
     return _from_hub(name)
 
 
+CONFIG_AND_TOKENIZER = ["*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken", "tokenizer*"]
+
+
+def hub_patterns(files: list[str]) -> list[str]:
+    """What to download of a Hub model repo listing `files`: config, tokenizer (SentencePiece
+    `tokenizer.model` included) and the weights in one format, safetensors when the repo has
+    them, else PyTorch `.bin` (e.g. lmsys/vicuna-*-v1.3 on its main branch)."""
+    if any(f.endswith(".safetensors") for f in files):
+        return CONFIG_AND_TOKENIZER + ["*.safetensors"]
+    if any(f.endswith(".bin") for f in files):
+        return CONFIG_AND_TOKENIZER + ["*.bin"]
+    raise FileNotFoundError(f"no model weights (*.safetensors or *.bin) among the repo's {len(files)} files")
+
+
 def _from_hub(repo_id: str) -> Path:
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import GatedRepoError
 
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"]))
-    except Exception as e:  # offline, gated, or missing: say so in one line
+        patterns = hub_patterns(HfApi().list_repo_files(repo_id))
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except GatedRepoError:
+        raise FileNotFoundError(
+            f"target {repo_id!r} is gated on the Hub: accept its license on its Hub page with your account, "
+            "then set HF_TOKEN (or run `hf auth login`)"
+        ) from None
+    except Exception as e:  # offline or missing: say so in one line
         raise FileNotFoundError(
             f"target {repo_id!r} is neither an alias ({', '.join(_PACKAGED)}) nor a local folder, "
             f"and the Hub download failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "

@@ -8,7 +8,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from transformers import AutoModelForCausalLM
 
-from data_prep import pipeline
+from data_prep import pipeline, store
+from data_prep.distributed import free_port
 from data_prep.store import FeatureStore, read_manifest
 from eagle.tokenizer import load_tokenizer
 
@@ -74,8 +75,12 @@ def test_interrupted_run_resumes_and_matches(tiny_dir, chats, tmp_path, monkeypa
     assert not partial["complete"] and len(partial["shards"]) == 2
     kept = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "cut").glob("shard-*")}
     monkeypatch.setattr(pipeline, "write_shard", real)
+    hashed = []
+    real_hash = store.sha256_file
+    monkeypatch.setattr(store, "sha256_file", lambda path: hashed.append(path.name) or real_hash(path))
     pipeline.prepare(cfg)
     resumed = read_manifest(tmp_path / "cut")
+    assert sorted(hashed) == sorted(s["file"] for s in resumed["shards"] if s["file"] not in kept)  # each once, new ones
     for name, mtime in kept.items():
         assert (tmp_path / "cut" / name).stat().st_mtime_ns == mtime  # reused, not recomputed
     assert [s["sha256"] for s in resumed["shards"]] == [s["sha256"] for s in read_manifest(whole)["shards"]]
@@ -200,14 +205,6 @@ def test_batched_replies_match_one_by_one_greedy_as_rows_end(tiny_dir):
     assert sizes[0] == 4 and sizes[-1] < 4 and sizes == sorted(sizes, reverse=True)  # ended rows left the batch
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_two_ranks_split_shards_and_merge(tiny_dir, chats, tmp_path):
     import os
@@ -217,7 +214,7 @@ def test_two_ranks_split_shards_and_merge(tiny_dir, chats, tmp_path):
     single = pipeline.prepare(config(tiny_dir, chats, tmp_path / "one"))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={_free_port()}",
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
            "-m", "data_prep", "+model=smollm2_135m", f"model.path={tiny_dir}", "model.dtype=float32",
            f"data.source={chats}", "data.shard_records=4", "data.batch_tokens=256", f"store_dir={tmp_path / 'two'}"]
     subprocess.run(cmd, check=True, env=env, cwd=tmp_path, timeout=300, capture_output=True)

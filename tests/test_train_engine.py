@@ -152,6 +152,39 @@ def test_torchrun_two_processes(tiny, tmp_path, deepspeed):
     assert len(list(ckpt.glob("*optim_states.pt"))) == 2  # one optimizer shard per rank
 
 
+def two_nodes(per_node: list[list[str]], cwd: Path, timeout: int = 300) -> list[subprocess.CompletedProcess]:
+    """`torchrun --nnodes 2` on 127.0.0.1, one process per "node", each with its own arguments."""
+    port, env = free_port(), clean_env(OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([PY, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={rank}",
+                               "--nproc_per_node=1", "--master_addr=127.0.0.1", f"--master_port={port}", "-m", "train",
+                               *args], cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank, args in enumerate(per_node)]
+    return [subprocess.CompletedProcess(p.args, p.wait(timeout), *p.communicate()) for p in procs]
+
+
+@pytest.mark.slow
+def test_two_nodes_without_a_shared_store_stop_with_one_line(tiny, tmp_path):
+    """Each "node" sees its own store_dir (no shared filesystem): both stop at once with the same
+    one-line error instead of one writing a store of half the shards or ranks hanging."""
+    target, store = tiny
+    local = tmp_path / "node1-disk"
+    runs = two_nodes([overrides(tiny, tmp_path / "out"), overrides((target, local), tmp_path / "out")], tmp_path)
+    for run in runs:
+        assert run.returncode == 1, run.stderr[-3000:]
+        line = next(x for x in run.stderr.splitlines() if x.startswith("error:"))
+        assert "store_dir=" in line and "is not shared between the nodes" in line and "rank 1" in line
+
+
+@pytest.mark.slow
+def test_two_nodes_sharing_a_folder_train_and_resume(tiny, tmp_path):
+    first = two_nodes([overrides(tiny, tmp_path / "out", "train.max_steps=4", "train.save_every=2",
+                                 "train.stop_after=2")] * 2, tmp_path)
+    assert all(r.returncode == 0 for r in first), first[0].stderr[-3000:]
+    again = two_nodes([overrides(tiny, tmp_path / "out", "train.max_steps=4", "train.save_every=2")] * 2, tmp_path)
+    assert all(r.returncode == 0 for r in again), again[0].stderr[-3000:]
+    assert "done: 4 steps" in again[0].stderr and "resumed" in again[0].stdout + again[0].stderr
+
+
 @pytest.mark.slow
 def test_resume_after_sigkill(tiny, tmp_path):
     """A run killed with SIGKILL continues from its latest checkpoint with train.resume=auto."""

@@ -1,7 +1,8 @@
-"""The target's frozen token embedding and lm_head, read from its safetensors files.
+"""The target's frozen token embedding, lm_head and final norm, read from its weight files.
 
-Only the two matrices are loaded (a 7B target's 13 GB of layers never touch memory). With
-tied embeddings, or a checkpoint without `lm_head.weight`, lm_head is the embedding.
+Only these matrices are read (a 7B target's 13 GB of layers never touch memory): from
+safetensors files directly, from PyTorch `.bin` shards memory-mapped. With tied embeddings,
+or a checkpoint without `lm_head.weight`, lm_head is the embedding.
 """
 
 from __future__ import annotations
@@ -36,23 +37,34 @@ class Frozen:
         return Frozen(embed, embed if tied else self.lm_head.to(device), norm)
 
 
+INDEXES = ("model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
 def _weight_files(target_dir: Path) -> dict[str, Path]:
-    """Map tensor name -> safetensors file of a HF model folder."""
-    index = target_dir / "model.safetensors.index.json"
-    if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {k: target_dir / v for k, v in weight_map.items()}
-    files = sorted(target_dir.glob("*.safetensors"))
+    """Map tensor name -> weight file (safetensors, else .bin) of a HF model folder."""
+    for name in INDEXES:
+        if (target_dir / name).exists():
+            weight_map = json.loads((target_dir / name).read_text())["weight_map"]
+            return {k: target_dir / v for k, v in weight_map.items()}
     out: dict[str, Path] = {}
-    for f in files:
+    for f in sorted(target_dir.glob("*.safetensors")):
         with safe_open(str(f), framework="pt") as h:
             out.update({k: f for k in h.keys()})
+    for f in [] if out else sorted(target_dir.glob("pytorch_model*.bin")):
+        out.update({k: f for k in _bin(f)})
     return out
 
 
 def _read(path: Path, key: str) -> torch.Tensor:
+    if path.suffix == ".bin":
+        return _bin(path)[key].clone()
     with safe_open(str(path), framework="pt") as h:
         return h.get_tensor(key)
+
+
+def _bin(path: Path) -> dict[str, torch.Tensor]:
+    """A PyTorch weight file, memory-mapped: only the tensors read are loaded."""
+    return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
 
 
 def load_frozen(target_dir: str | Path, dtype: torch.dtype = torch.float32) -> Frozen:

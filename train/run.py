@@ -8,8 +8,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
+from data_prep import distributed
 from data_prep.store import is_complete
 from train.config import validate
+from train.engine import init_distributed
 
 log = logging.getLogger("train")
 
@@ -18,8 +20,11 @@ def ensure_store(cfg: DictConfig) -> Path:
     """Run data_prep into cfg.store_dir when it is missing or incomplete.
 
     Every rank calls it: data_prep splits the shards over the ranks of a torchrun job itself.
+    The ranks first agree that they see one store_dir, so they agree on whether it is complete.
     """
     store_dir = Path(cfg.store_dir)
+    init_distributed()
+    distributed.check_shared(store_dir, "store_dir")
     if is_complete(store_dir):
         return store_dir
     from data_prep.pipeline import prepare  # lazy: data_prep is only needed to build stores

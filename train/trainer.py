@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import train.metrics as stats
+from data_prep import distributed
 from data_prep.prompts import held_back_prompts
 from data_prep.store import FeatureStore
 from eagle.checkpoint import load_head
@@ -69,6 +70,7 @@ class Trainer:
         self.cfg, t = cfg, cfg.train
         self.rank, self.world = init_distributed()
         self.output_dir = Path(cfg.output_dir)
+        distributed.check_shared(self.output_dir, "output_dir")  # every rank decides alike whether to resume
         self.ckpt_dir = self.output_dir / CHECKPOINTS
         self.store = FeatureStore(cfg.store_dir)
         self.target_dir = resolve_target(cfg.model.path)
