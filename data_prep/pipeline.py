@@ -57,6 +57,7 @@ class Job:
 def prepare(cfg) -> Path:
     """Build (or finish) the feature store at `cfg.store_dir`; return its path."""
     out = Path(cfg.store_dir).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
     rank, world = distributed.init()
     distributed.check_shared(out, "store_dir")  # before any rank acts on what it finds there
     manifest = read_manifest(out)
