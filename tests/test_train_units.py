@@ -162,6 +162,25 @@ def test_lr_schedule_warmup_then_decay():
     assert lr_lambda(4, 14, "constant", 0.0)(13) == 1.0
 
 
+def test_the_schedule_counts_one_process_steps_at_any_world_size():
+    """EAGLE's scheduler advances once per process per step: 8 ranks reach the peak 8x sooner in
+    optimizer steps, after the same number of samples; its 800,000-step horizon leaves 58 % of the
+    peak after 20 epochs of 68k conversations on 8 GPUs (4 per GPU: 42,500 optimizer steps)."""
+    one, eight = lr_lambda(2000, 800000, "linear", 0.0), lr_lambda(2000, 800000, "linear", 0.0, world=8)
+    assert eight(250) == one(2000) == pytest.approx(1.0) and eight(100) == one(800)
+    assert eight(42500) == pytest.approx(0.576, abs=1e-3)
+
+
+def test_gpu_presets_follow_eagle_and_the_embedded_default_keeps_its_recipe():
+    eagle = validate(compose_train(["+model=vicuna7b"])).train
+    assert (eagle.lr, eagle.warmup_steps, eagle.decay_steps, eagle.noise, eagle.noise_ref_len) == (3e-5, 2000, 800000,
+                                                                                                    0.2, 512)
+    eagle3 = validate(compose_train(["+model=llama3_8b_instruct", "head=eagle3"])).train
+    assert (eagle3.lr, eagle3.noise) == (5e-5, 0.0)
+    small = validate(compose_train(["+model=smollm2_135m"])).train
+    assert small.noise_ref_len is None and small.decay_steps is None
+
+
 # ------------------------------------------------------------------ configs
 
 
@@ -194,3 +213,11 @@ def test_validate_rejects_bad_values():
         validate(compose_train(["+model=vicuna7b", "hub.push=true"]))
     with pytest.raises(Exception):
         validate(compose_train(["+model=vicuna7b", "+train.no_such_key=1"]))
+
+
+def test_the_loader_pins_memory_and_uses_workers_on_a_gpu_only():
+    from train.data import loader_settings
+
+    assert loader_settings(None, torch.device("cuda", 0)) == (4, True)
+    assert loader_settings(None, torch.device("cpu")) == (0, False)
+    assert loader_settings(1, torch.device("cuda", 0)) == (1, True)  # an explicit train.num_workers wins

@@ -27,7 +27,8 @@ class TrainConfig:
     head: str = "eagle2"  # eagle2 | eagle3 (set by the `head` config group)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay: float = 0.0
-    warmup_steps: int = 2000
+    warmup_steps: int = 2000  # steps of a one-process run; N ranks advance the schedule N per step (as EAGLE's)
+    decay_steps: int | None = 800000  # end of the decay, in the same steps; None = the end of the run
     schedule: str = "linear"  # linear | cosine | constant
     min_lr_ratio: float = 0.0
     grad_clip: float = 0.5
@@ -38,7 +39,7 @@ class TrainConfig:
     v_w: float = 1.0
     p_w: float = 0.1
     noise: float = 0.2
-    noise_ref_len: int | None = None
+    noise_ref_len: int | None = 512
     topk: int = 3
     eval_fraction: float = 0.05
     eval_every: int = 1000
@@ -53,7 +54,7 @@ class TrainConfig:
     resume: str = "auto"  # auto | none | a checkpoint directory
     stop_after: int | None = None
     export_dtype: str = "bfloat16"
-    num_workers: int = 0
+    num_workers: int | None = None  # DataLoader workers; None = 4 with pinned memory on a GPU, 0 on a CPU
     progress: bool = True
 
 

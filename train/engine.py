@@ -61,10 +61,15 @@ def compute_dtype(conf: dict) -> torch.dtype:
     return torch.float32
 
 
-def lr_lambda(warmup: int, total: int, schedule: str, min_ratio: float):
-    """Multiplier of the base lr at optimizer step `s`: linear warmup, then decay to min_ratio."""
+def lr_lambda(warmup: int, total: int, schedule: str, min_ratio: float, world: int = 1):
+    """Multiplier of the base lr at optimizer step `s`: linear warmup, then decay to min_ratio by `total`.
 
-    def f(s: int) -> float:
+    `warmup` and `total` count steps of a one-process run: with `world` ranks the schedule
+    advances `world` of them per optimizer step, as EAGLE's (accelerate steps its scheduler
+    once per process), so a preset's warmup means the same number of samples at any scale."""
+
+    def f(step: int) -> float:
+        s = step * world
         if s < warmup:
             return (s + 1) / (warmup + 1)
         if schedule == "constant" or total <= warmup:
@@ -76,15 +81,18 @@ def lr_lambda(warmup: int, total: int, schedule: str, min_ratio: float):
     return f
 
 
-def build_engine(head: nn.Module, cfg: DictConfig, total_steps: int):
-    """deepspeed.initialize with a torch AdamW and a LambdaLR schedule; returns the engine."""
+def build_engine(head: nn.Module, cfg: DictConfig, total_steps: int, world: int = 1):
+    """deepspeed.initialize with a torch AdamW and a LambdaLR schedule; returns the engine.
+
+    The decay ends at train.decay_steps (one-process steps), else at the end of this run."""
     import deepspeed
 
     t = cfg.train
     params = [p for p in head.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
+    horizon = t.decay_steps or total_steps * world
     scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(t.warmup_steps, total_steps, t.schedule, t.min_lr_ratio)
+        optimizer, lr_lambda(t.warmup_steps, horizon, t.schedule, t.min_lr_ratio, world)
     )
     engine, _, _, _ = deepspeed.initialize(
         model=head, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config(cfg),

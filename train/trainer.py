@@ -36,7 +36,7 @@ from data_prep.store import FeatureStore
 from eagle.checkpoint import load_head
 from eagle.targets import local_device, resolve_target
 from train.checkpoints import check_resumable, prune_checkpoints, resume_from, step_tag
-from train.data import Batch, BatchPlan, length_batches, loader, split_indices
+from train.data import Batch, BatchPlan, length_batches, loader, loader_settings, split_indices
 from train.engine import build_engine, compute_dtype, ds_config, full_state_dict, init_distributed
 from train.export import CardInfo, export_head, model_card
 from train.frozen import Frozen, load_frozen
@@ -96,7 +96,7 @@ class Trainer:
         head = initial_head(self.draft_config, start, t.init_head)
         if self.eagle3 and t.init_lm_head and start is None:
             start_from_target(head, self.loss_lm_head, self.frozen.norm)
-        self.engine = build_engine(head, cfg, self.total_steps)
+        self.engine = build_engine(head, cfg, self.total_steps, self.world)
         self.step = 0  # optimizer steps done
         self.wandb_id: str | None = None
         self.step_times: list[tuple[int, float]] = []  # (pairs on this rank, seconds) per step
@@ -159,7 +159,7 @@ class Trainer:
         micro, window_start, step_start = self.step * ga, time.perf_counter(), time.perf_counter()
         step_pairs = 0
         self.engine.train()
-        for batch in loader(self.store, batches, t.num_workers):
+        for batch in loader(self.store, batches, *loader_settings(t.num_workers, self.device)):
             out = self.micro_step(batch, micro)
             micro += 1
             step_pairs += batch.num_pairs
