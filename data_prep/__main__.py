@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from data_prep.conversations import DataError
 from data_prep.pipeline import prepare
+from data_prep.plan import make_plan
 from data_prep.resolvers import register_resolvers
 from data_prep.store import OutOfSpace
 
@@ -18,6 +19,9 @@ def main(cfg: DictConfig) -> None:
     if "path" not in cfg.get("model", {}):  # the head group alone only sets model.feature_layers
         sys.exit("error: choose a target with +model=NAME (see conf/model/, e.g. +model=smollm2_135m)")
     try:
+        if cfg.get("plan"):
+            print("\n".join(make_plan(cfg).lines()))
+            return
         path = prepare(cfg)
     except (DataError, FileNotFoundError, ValueError, OutOfSpace) as e:
         sys.exit(f"error: {e}")

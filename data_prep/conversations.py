@@ -154,15 +154,29 @@ def _locate(source: str) -> tuple[Path | str, str]:
     return source, source  # a HF dataset id
 
 
-def _hub_file(source: str) -> Path:
-    """`hf:OWNER/REPO/PATH`: that file of a Hub dataset repo, from the HF cache or downloaded."""
+def cached_hub_file(source: str) -> Path | None:
+    """The local copy of an `hf:OWNER/REPO/PATH` source in the HF cache, or None (no network)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    repo, filename = _hub_parts(source)
+    found = try_to_load_from_cache(repo, filename, repo_type="dataset")
+    return Path(found) if isinstance(found, str) else None
+
+
+def _hub_parts(source: str) -> tuple[str, str]:
     parts = source[len(HUB_FILE):].split("/", 2)
     if len(parts) != 3 or not all(parts):
         raise DataError(source, None, "", "expected hf:OWNER/REPO/PATH (a file of a Hub dataset repo)")
+    return f"{parts[0]}/{parts[1]}", parts[2]
+
+
+def _hub_file(source: str) -> Path:
+    """`hf:OWNER/REPO/PATH`: that file of a Hub dataset repo, from the HF cache or downloaded."""
+    repo, filename = _hub_parts(source)
     from huggingface_hub import hf_hub_download
 
     try:
-        return Path(hf_hub_download(f"{parts[0]}/{parts[1]}", parts[2], repo_type="dataset"))
+        return Path(hf_hub_download(repo, filename, repo_type="dataset"))
     except Exception as e:  # offline, missing, gated: one line
         first = str(e).splitlines()[0] if str(e) else ""
         raise DataError(source, None, "", f"cannot download it from the Hub ({type(e).__name__}: {first}); "

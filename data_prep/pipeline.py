@@ -23,6 +23,7 @@ from tqdm import tqdm
 from data_prep import distributed
 from data_prep.conversations import Conversation, expand_sources, read_conversations
 from data_prep.features import compute_records
+from data_prep.plan import check_fits, make_plan
 from data_prep.reuse import Donors, link_shard
 from data_prep.store import (
     new_manifest,
@@ -71,6 +72,9 @@ def prepare(cfg) -> Path:
         log.info("store %s is complete (%d records); nothing to do", out, manifest["records"])
         return out
     job = _job(cfg, out, rank, world)
+    plan = make_plan(cfg, job.tokenizer, job.conversations)  # before any target forward
+    log.info("plan: %s", "; ".join(plan.lines()))
+    check_fits(plan, written=sum(p.stat().st_size for p in out.glob("shard-*.safetensors")))
     n_shards = -(-len(job.conversations) // cfg.data.shard_records)
     job.entries = _finished(out, manifest, [k for k in range(n_shards) if k % world == rank])
     if rank == 0:

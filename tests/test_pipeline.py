@@ -221,3 +221,35 @@ def test_two_ranks_split_shards_and_merge(tiny_dir, chats, tmp_path):
     two = read_manifest(tmp_path / "two")
     assert two["complete"] and two["source"]["kept"] == read_manifest(single)["source"]["kept"]
     assert [s["sha256"] for s in two["shards"]] == [s["sha256"] for s in read_manifest(single)["shards"]]
+
+
+def test_the_plan_predicts_the_store_and_refuses_a_disk_too_small(tiny_dir, chats, tmp_path, monkeypatch):
+    from data_prep import plan
+
+    cfg = config(tiny_dir, chats, tmp_path / "s")
+    predicted = plan.make_plan(cfg)
+    assert predicted.conversations_source == "read from the source" and "tokenized" in predicted.tokens_source
+    pipeline.prepare(cfg)
+    real = sum(p.stat().st_size for p in (tmp_path / "s").glob("shard-*.safetensors"))
+    assert abs(predicted.store_bytes - real) / real < 0.10  # headers and offsets are the rest
+    monkeypatch.setattr(plan, "_free", lambda path: 1000)
+    with pytest.raises(ValueError, match="needs about .* GB more .* bigger disk") as err:
+        pipeline.prepare(config(tiny_dir, chats, tmp_path / "t"))
+    assert "\n" not in str(err.value) and not list((tmp_path / "t").glob("shard-*"))  # before any forward
+
+
+def test_the_plan_of_a_gpu_preset_works_offline(monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    from data_prep.plan import make_plan
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with initialize_config_dir(config_dir=CONF, version_base=None):
+        cfg = compose(config_name="config", overrides=["+model=llama3_8b_instruct", "head=eagle3",
+                                                        f"store_dir={tmp_path}"])
+    p = make_plan(cfg)
+    assert p.target.source == "the preset" and p.conversations == 68000 and p.tokens == 68000 * 1300
+    assert p.bytes_per_token == 5 + 2 * 4096 * 4  # EAGLE-3: the last layer and three fused ones, bf16
+    text = "\n".join(p.lines())
+    assert "DOES NOT FIT" in text or p.fits
+    assert any("train device" in line for line in p.lines())

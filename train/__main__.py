@@ -21,6 +21,12 @@ def main(cfg: DictConfig) -> None:
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # its per-step INFO lines drown ours
     try:
+        if cfg.get("plan"):  # the store's plan (data_prep/plan.py), which covers training memory too; nothing runs
+            from data_prep.plan import make_plan
+            from train.config import validate
+
+            print("\n".join(make_plan(validate(cfg)).lines()))
+            return
         run(cfg)
     except (PublishError, DataError, OutOfSpace, FileNotFoundError, ValueError) as e:
         if os.environ.get("EAGLE_TRACEBACK"):

@@ -1,0 +1,221 @@
+"""Preflight: what a data_prep (and training) run will take, before any target forward.
+
+    python -m data_prep +model=NAME [data...] plan=true     # also python -m train ... plan=true
+
+Prints the conversations, the estimated tokens, the store's size on disk against the free
+space of its filesystem, and per-rank host and device memory. It works offline from the
+config alone: target sizes come from the target's config when it is local (or in the HF
+cache), else from the preset (`model.hidden_size`, `vocab_size`, `intermediate_size`,
+`params`); conversations are counted when the source can be read, else taken from the data
+preset (`data.plan_conversations`); tokens are measured by tokenizing a sample through the
+chat template when the tokenizer is at hand, else estimated from `data.plan_tokens_per_conversation`.
+Every figure says which of these it came from. `prepare` refuses to start when the store
+cannot fit (one line), whether or not the plan was asked for.
+
+Store bytes per token: 4 (input id) + 1 (loss mask) + 2·H (bf16 feature) + 2·K·H (EAGLE-3's K
+extra layers): ~8 KB at H=4096 for EAGLE-2 and ~32 KB for EAGLE-3 (twice that in fp32).
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from eagle.feature_layers import fused_layers
+
+GB = 2**30
+SAMPLE = 256  # conversations tokenized to measure tokens per conversation
+
+
+@dataclass
+class TargetSizes:
+    hidden: int
+    vocab: int
+    layers: int
+    intermediate: int
+    params: float
+    source: str  # "the target's config" | "the preset"
+
+
+@dataclass
+class Plan:
+    target: TargetSizes
+    conversations: int
+    conversations_source: str
+    tokens: int
+    tokens_source: str
+    bytes_per_token: int
+    store_dir: Path
+    free_bytes: int
+    memory: dict[str, float] = field(default_factory=dict)  # GB per rank, by what holds it
+
+    @property
+    def store_bytes(self) -> int:
+        return self.tokens * self.bytes_per_token
+
+    @property
+    def fits(self) -> bool:
+        return self.store_bytes <= self.free_bytes
+
+    def lines(self) -> list[str]:
+        t = self.target
+        out = [f"target: hidden {t.hidden}, vocabulary {t.vocab}, {t.layers} layers, {t.params / 1e9:.2f}B parameters "
+               f"({t.source})",
+               f"conversations: {self.conversations:,} ({self.conversations_source})",
+               f"tokens: {self.tokens:,} ({self.tokens_source})",
+               f"store: {self.store_bytes / GB:,.2f} GB at {self.bytes_per_token:,} bytes per token in {self.store_dir}; "
+               f"{self.free_bytes / GB:,.1f} GB free there{'' if self.fits else ': DOES NOT FIT'}"]
+        out += [f"memory per rank, {k}: {v:,.1f} GB" for k, v in self.memory.items()]
+        return out
+
+
+def make_plan(cfg, tokenizer=None, conversations=None) -> Plan:
+    """The plan of `cfg`'s store; `tokenizer` / `conversations` when the caller already has them."""
+    sizes = target_sizes(cfg)
+    if tokenizer is None:
+        tokenizer = _local_tokenizer(cfg)
+    if conversations is None:
+        conversations, count, count_source = _conversations(cfg)
+    else:
+        count, count_source = len(conversations), "read from the source"
+    tokens, tokens_source = _tokens(cfg, tokenizer, conversations, count)
+    layers = [int(i) for i in cfg.model.feature_layers]
+    element = 4 if str(cfg.model.dtype) == "float32" else 2  # the store keeps features in the target's dtype
+    per_token = 4 + 1 + element * sizes.hidden * (1 + len(fused_layers(layers)))
+    store_dir = Path(str(cfg.store_dir)).expanduser()
+    return Plan(sizes, count, count_source, tokens, tokens_source, per_token, store_dir, _free(store_dir),
+                _memory(cfg, sizes, len(fused_layers(layers))))
+
+
+def check_fits(plan: Plan, written: int = 0) -> None:
+    """One-line refusal when the store (less what is already written) cannot fit on its disk."""
+    need = plan.store_bytes - written
+    if need > plan.free_bytes:
+        raise ValueError(f"{plan.store_dir}: the store needs about {need / GB:,.1f} GB more ({plan.tokens:,} tokens x "
+                         f"{plan.bytes_per_token:,} bytes) but its disk has {plan.free_bytes / GB:,.1f} GB free; point "
+                         "store_dir (or EAGLE_CACHE) at a bigger disk, or lower data.limit / model.max_len")
+
+
+# ---- the pieces ----------------------------------------------------------------------------
+
+
+def target_sizes(cfg) -> TargetSizes:
+    """From the target's own config when it is on this machine, else from the preset's fields."""
+    config = _local_config(cfg)
+    if config is not None:
+        text = config.get_text_config()
+        inter = getattr(text, "intermediate_size", 4 * text.hidden_size)
+        params = _param_count(text.vocab_size, text.hidden_size, text.num_hidden_layers, inter,
+                              getattr(text, "tie_word_embeddings", False))
+        return TargetSizes(text.hidden_size, text.vocab_size, text.num_hidden_layers, inter, params,
+                           "the target's config")
+    m = cfg.model
+    missing = [k for k in ("hidden_size", "vocab_size", "num_layers", "intermediate_size", "params") if m.get(k) is None]
+    if missing:
+        raise ValueError(f"the target {m.path} is not on this machine and conf/model/ lacks model.{', model.'.join(missing)}"
+                         " for the plan")
+    return TargetSizes(int(m.hidden_size), int(m.vocab_size), int(m.num_layers), int(m.intermediate_size),
+                       float(m.params), "the preset")
+
+
+def _local_config(cfg):
+    """The target's transformers config without touching the network, or None."""
+    from transformers import AutoConfig
+
+    from eagle.targets import _PACKAGED, resolve_target
+
+    path = str(cfg.model.path)
+    try:
+        if path in _PACKAGED or Path(path).expanduser().is_dir():
+            return AutoConfig.from_pretrained(resolve_target(path))
+        return AutoConfig.from_pretrained(path, local_files_only=True)  # the HF cache, when it was downloaded before
+    except (OSError, ValueError):
+        return None
+
+
+def _local_tokenizer(cfg):
+    from eagle.targets import _PACKAGED, resolve_target
+    from eagle.tokenizer import load_tokenizer
+
+    path = str(cfg.model.path)
+    if not (path in _PACKAGED or Path(path).expanduser().is_dir()):
+        return None
+    try:
+        return load_tokenizer(resolve_target(path), cfg.model.chat_template)
+    except (OSError, ValueError):
+        return None
+
+
+def _conversations(cfg):
+    """(conversations or None, their count, where the count came from)."""
+    from data_prep.conversations import HUB_FILE, DataError, cached_hub_file, read_conversations
+
+    d = cfg.data
+    source = d.source
+    try:
+        if isinstance(source, str) and source.startswith(HUB_FILE):  # the plan never downloads
+            source = cached_hub_file(source)
+            if source is None:
+                raise DataError(d.source, None, "", "not in the HF cache")
+        convs, _ = read_conversations(str(source), d.limit, d.get("split", "train"), int(d.get("offset") or 0))
+        return convs, len(convs), "read from the source"
+    except (DataError, OSError) as e:
+        stated = d.get("plan_conversations")
+        if stated is None:
+            raise ValueError(f"cannot read {d.source} for the plan ({e}) and data.plan_conversations is not set") from None
+        count = min(int(stated), int(d.limit)) if d.limit else int(stated)
+        return None, count, f"stated by data.plan_conversations; {e}"
+
+
+def _tokens(cfg, tokenizer, conversations, count: int) -> tuple[int, str]:
+    """Estimated store tokens: a tokenized sample scaled to all conversations, else the stated average."""
+    from data_prep.template import TemplateError, tokenize_conversation
+
+    if tokenizer is not None and conversations:
+        step = max(1, len(conversations) // SAMPLE)
+        sample = conversations[::step][:SAMPLE]
+        lengths = []
+        for c in sample:
+            try:
+                t = tokenize_conversation(tokenizer, c.messages, int(cfg.model.max_len))
+            except TemplateError:
+                continue
+            if any(t.loss_mask):
+                lengths.append(len(t.input_ids))
+        kept = len(lengths) / max(1, len(sample))
+        mean = sum(lengths) / max(1, len(lengths))
+        return round(mean * kept * count), (f"{len(sample)} conversations tokenized: {mean:,.0f} tokens each, "
+                                            f"{kept:.0%} kept")
+    per = int(cfg.data.get("plan_tokens_per_conversation") or 1300)
+    return per * count, f"{per:,} tokens per conversation, stated by data.plan_tokens_per_conversation"
+
+
+def _memory(cfg, t: TargetSizes, extra_layers: int) -> dict[str, float]:
+    """GB per rank: data_prep's target forward, and training (head, optimizer, frozen matrices, one micro-batch)."""
+    dtype_bytes = 4 if str(cfg.model.dtype) == "float32" else 2
+    weights = t.params * dtype_bytes
+    prep_tokens = int(cfg.data.batch_tokens)
+    prep_act = prep_tokens * (t.hidden * (4 + 2 * extra_layers) + t.intermediate * 2) * dtype_bytes
+    head = 2 * t.hidden * t.hidden + 4 * t.hidden * t.hidden + 3 * t.hidden * t.intermediate
+    if extra_layers:
+        head += (extra_layers - 1) * t.hidden * t.hidden + 2 * t.hidden * t.hidden
+    states = head * 18  # bf16 weights + fp32 master weights, grads and two Adam moments (ZeRO-2/3 shard the 16)
+    batch = int(cfg.train.batch_tokens) if "train" in cfg else 8192
+    frozen = 2 * t.vocab * t.hidden * 2
+    train_act = batch * t.hidden * 2 * (3 + extra_layers) + 2 * batch * t.vocab * 4  # features + two fp32 softmaxes
+    return {"data_prep host (loading the target)": weights / GB,
+            "data_prep device (target + a batch)": (weights + prep_act) / GB,
+            f"train device (head {head / 1e6:.0f}M params + optimizer, frozen embed/lm_head, a micro-batch)":
+                (states + frozen + train_act) / GB}
+
+
+def _param_count(vocab: int, hidden: int, layers: int, inter: int, tied: bool) -> float:
+    per_layer = 4 * hidden * hidden + 3 * hidden * inter
+    return vocab * hidden * (1 if tied else 2) + layers * per_layer
+
+
+def _free(path: Path) -> int:
+    while not path.exists():
+        path = path.parent
+    return shutil.disk_usage(path).free
