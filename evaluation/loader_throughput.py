@@ -61,8 +61,8 @@ def loader_rate(store: FeatureStore, batches: list[list[int]], workers: int) -> 
 
 def step_rate(store: FeatureStore, batches: list[list[int]], hidden: int) -> dict:
     """Tokens/s of a bare forward + backward of a `hidden`-wide EAGLE-2 head (lm_head: 32000 rows)."""
-    cfg = DraftConfig(hidden_size=hidden, intermediate_size=int(hidden * 2.6875), num_attention_heads=hidden // 128,
-                      num_key_value_heads=hidden // 128, vocab_size=32000)
+    cfg = DraftConfig(hidden_size=hidden, intermediate_size=int(hidden * 2.6875), num_attention_heads=max(1, hidden // 128),
+                      num_key_value_heads=max(1, hidden // 128), vocab_size=32000)
     head = build_head(cfg).to(torch.bfloat16)
     lm_head = torch.randn(32000, hidden, dtype=torch.bfloat16) * 0.02
     embed = torch.nn.Embedding(32000, hidden).to(torch.bfloat16)

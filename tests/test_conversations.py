@@ -111,8 +111,13 @@ def test_hf_dataset_folder(tmp_path):
 
 
 def test_hf_dataset_offline_error_is_one_line(tmp_path, monkeypatch):
+    import datasets
+    from huggingface_hub import constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)  # both read their variable at import: no retries
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     with pytest.raises(DataError, match="cannot load as a HF dataset"):
         read_conversations("someone/not-a-cached-dataset")
 

@@ -221,3 +221,10 @@ def test_the_loader_pins_memory_and_uses_workers_on_a_gpu_only():
     assert loader_settings(None, torch.device("cuda", 0)) == (4, True)
     assert loader_settings(None, torch.device("cpu")) == (0, False)
     assert loader_settings(1, torch.device("cuda", 0)) == (1, True)  # an explicit train.num_workers wins
+
+
+def test_the_loader_throughput_tool_runs(capsys):
+    from evaluation.loader_throughput import main
+
+    result = main(["--hidden", "64", "--records", "4", "--workers", "0", "--step-batches", "1"])
+    assert result["loader"][0]["tokens_per_s"] > 0 and result["bare_step"]["tokens_per_s"] > 0
