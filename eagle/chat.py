@@ -60,7 +60,7 @@ def build_model(args: argparse.Namespace):
 
     dtype = DTYPES[args.dtype]
     folder = resolve_target(args.target)
-    target = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
+    target = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)  # the family's default attention
     tokenizer = load_tokenizer(folder, args.chat_template)
     if args.random_head:
         head = DraftHead(DraftConfig.from_target_config(target.config, target=args.target)).to(dtype)

@@ -34,14 +34,14 @@ from eagle.autotune import DEPTHS, SIZES, TreeBudget, describe, tune_tree
 from eagle.checkpoint import Head, load_head
 from eagle.drafter import Drafter
 from eagle.feature_layers import head_layers
-from eagle.kv_commit import commit_cache
+from eagle.kv_commit import commit_cache, prepare_cache
 from eagle.lookup import lookup_chain, merge_chain
 from eagle.settings import TreeSettings
 from eagle.state import DecodeState
 from eagle.stats import GenerationStats, TokenBudget
 from eagle.targets import resolve_target
 from eagle.tokenizer import eos_token_ids, tokenizer_if_any
-from eagle.tree import Tree, build_tree, causal_mask, static_tree, tree_attention_mask
+from eagle.tree import Tree, build_tree, causal_mask, sliding_tree_mask, static_tree, tree_attention_mask
 from eagle.verify import SamplingParams, sample, verify_greedy, verify_sampling
 from eagle.vocab import DraftVocabulary
 
@@ -106,7 +106,7 @@ class EaModel(nn.Module):
         times this device and picks the dynamic tree's budget and depth."""
         settings = TreeSettings(**tree) if settings is None else TreeSettings(**{**settings.__dict__, **tree})
         path = resolve_target(base_model_path)
-        target = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, attn_implementation="sdpa").to(device)
+        target = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
         head = load_head(ea_model_path, dtype=torch_dtype, device=device)
         return cls.from_modules(target, head, tokenizer_if_any(path), settings)
 
@@ -194,8 +194,10 @@ class EaModel(nn.Module):
         """Target and head over the prompt [1, S]; returns the state and the first new token [1]."""
         s = input_ids.shape[1]
         cache = DynamicCache(config=self.target.config)
+        prepare_cache(cache)  # sliding-window layers keep a tree's rows until commit
         positions = torch.arange(s, device=input_ids.device)
         logits, features = self._target_forward(input_ids[0], positions, None, cache)  # [S, V], [S, F]
+        commit_cache(cache, s, torch.zeros(0, dtype=torch.long))  # sliding-window layers: back to their window
         root = sample(logits[-1], params).reshape(1)  # [1]
         ids = torch.cat([input_ids, root[None]], dim=1)  # [1, S+1]
         hidden, head_past = self.drafter.encode(features, ids[0, 1:], positions, None, None)
@@ -224,11 +226,29 @@ class EaModel(nn.Module):
         """2. One target forward over the tree; appends its N rows to the target cache."""
         past, device = state.committed, state.ids.device
         with record_function("eagle.verify.mask"):
-            mask = tree_attention_mask(tree.ancestors, past, self.drafter.dtype).to(device)
+            mask = self._tree_masks(tree, state)
         with record_function("eagle.verify.forward"):
             logits, features = self._target_forward(tree.tokens.to(device), past + tree.depths.to(device), mask,
                                                     state.target_cache)
         return Verified(logits, features)
+
+    def _tree_masks(self, tree: Tree, state: DecodeState) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The tree's additive attention mask [1, 1, N, K] for every layer type of the target.
+
+        Full attention sees the committed prefix and each node's ancestors. A sliding-window
+        layer sees only its window of positions (eagle.tree.sliding_tree_mask). Models that
+        mix both (Gemma-2/3, Qwen-2) take a dict keyed by layer type; models whose every layer
+        slides (Mistral, Phi-3) take the sliding mask alone."""
+        past, dtype, device = state.committed, self.drafter.dtype, state.ids.device
+        full = tree_attention_mask(tree.ancestors, past, dtype).to(device)
+        sliding = next((layer for layer in state.target_cache.layers if getattr(layer, "is_sliding", False)), None)
+        if sliding is None:
+            return full
+        window = sliding_tree_mask(tree.ancestors, tree.depths, past, sliding.keys.shape[-2], sliding.sliding_window,
+                                   dtype).to(device)
+        if getattr(self.target.config.get_text_config(), "layer_types", None) is None:
+            return window
+        return {"full_attention": full, "sliding_attention": window}
 
     def accept(self, tree: Tree, verified: Verified, params: SamplingParams = GREEDY) -> tuple[torch.Tensor, int]:
         """3. The accepted root-to-node path (node indices [n-1], root first) and the bonus token."""

@@ -112,16 +112,16 @@ def _embedded(alias: str) -> Path:
     return out
 
 
-def load_target(target_dir: str | os.PathLike, dtype, device=None, attn_implementation: str | None = None):
-    """The target as a frozen causal LM in eval mode: what data_prep runs for features and
-    replies, and the trainer's judge. `dtype` is a torch dtype or its name; `device` defaults
-    to this process's (`local_device`); `attn_implementation` to transformers' choice."""
+def load_target(target_dir: str | os.PathLike, dtype, device=None):
+    """The target as a frozen causal LM in eval mode, with its family's default attention (sdpa,
+    or eager where the family needs it, e.g. Gemma-2's soft-capping): what data_prep, the
+    decoder tools and the trainer's judge run. `dtype` is a torch dtype or its name; `device`
+    defaults to this process's (`local_device`)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
-    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype, **extra)
+    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype)
     return model.to(device if device is not None else local_device()).eval().requires_grad_(False)
 
 

@@ -96,6 +96,17 @@ def tree_attention_mask(ancestors: torch.Tensor, past_len: int, dtype: torch.dty
     return additive_mask(allowed, dtype)
 
 
+def sliding_tree_mask(ancestors: torch.Tensor, depths: torch.Tensor, past_len: int, kept: int, window: int,
+                      dtype: torch.dtype) -> torch.Tensor:
+    """Additive mask [1, 1, N, kept + N] of a sliding-window layer that holds the last `kept`
+    committed rows: node i (position past_len + depths[i]) sees a key at position p only when it
+    is within the window, past_len + depths[i] - p < window, as a plain forward would."""
+    q = past_len + depths.cpu()  # [N] query positions
+    cached = q[:, None] - torch.arange(past_len - kept, past_len)[None, :] < window  # [N, kept]
+    tree = ancestors.cpu() & (depths.cpu()[:, None] - depths.cpu()[None, :] < window)  # [N, N]
+    return additive_mask(torch.cat([cached, tree], dim=1), dtype)
+
+
 def causal_mask(q_len: int, past_len: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive causal mask [1, 1, q_len, past_len + q_len] for q_len new rows after a prefix."""
     return tree_attention_mask(torch.ones(q_len, q_len, dtype=torch.bool).tril(), past_len, dtype)

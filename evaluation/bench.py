@@ -147,7 +147,7 @@ def _bench(args, methods: list[str], paths: dict[str, str]) -> Bench:
 
     dtype = getattr(torch, args.dtype)
     path = resolve_target(args.base)
-    target = load_target(path, dtype, attn_implementation="sdpa")
+    target = load_target(path, dtype)
     used = {split_method(m)[1] or default_head_label(split_method(m)[0]) for m in methods if split_method(m)[0] in DECODERS}
     heads = {label: load_head(paths[label], dtype=dtype, device=target.device) for label in sorted(used)}
     assistant = load_target(resolve_target(args.assistant), dtype) if args.assistant else None

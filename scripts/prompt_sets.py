@@ -30,7 +30,7 @@ def setup(args: argparse.Namespace):
     sets: dict[str, list[Question]] = {
         "mtbench": first_per_category(load_questions("mtbench"), args.per_category),
         "sharegpt-heldout": sharegpt_heldout(args.sharegpt)}
-    return load_tokenizer(target_dir), load_target(target_dir, "bfloat16", attn_implementation="sdpa"), sets
+    return load_tokenizer(target_dir), load_target(target_dir, "bfloat16"), sets
 
 
 def first_turn_ids(tok, question: Question) -> torch.Tensor:

@@ -11,7 +11,8 @@ from eagle.model import EaModel
 from eagle.settings import TreeSettings
 from eagle.tree import build_tree
 from eagle.verify import SamplingParams, target_probs, verify_sampling
-from tests.tiny import near_bigram_pair, random_eagle3_head, random_head, subset, tiny_llama
+from tests.families import family_target
+from tests.tiny import bigram_head, near_bigram_pair, random_eagle3_head, random_head, subset, tiny_llama
 
 SETTINGS = {
     "T=1": SamplingParams(1.0, 0.0, 0),
@@ -118,7 +119,7 @@ def exact_first_two(target, ids: torch.Tensor, params: SamplingParams) -> dict:
 
 
 @pytest.mark.parametrize("head_kind,setting", [("random", "T=1"), ("bigram", "T=1"), ("random", "T=0.8,top_k=3"),
-                                               ("bigram", "T=1.2,top_p=0.7"), ("eagle3", "T=1")])
+                                               ("bigram", "T=1.2,top_p=0.7"), ("eagle3", "T=1"), ("gemma2", "T=1")])
 def test_eagenerate_first_tokens_match_target_distribution(head_kind, setting):
     params = SETTINGS[setting]
     vocab, draws = 8, 1500
@@ -127,6 +128,9 @@ def test_eagenerate_first_tokens_match_target_distribution(head_kind, setting):
     elif head_kind == "eagle3":  # drafts from 5 of the 8 tokens; the target still samples all 8
         target = tiny_llama(3, vocab_size=vocab)
         head = random_eagle3_head(target, vocab_ids=subset(vocab, 5, 3), seed=4)
+    elif head_kind == "gemma2":  # sliding-window and global layers (window 4: the sampled tokens fall beyond it)
+        target = family_target("gemma2", 3, coupling=0.05, vocab_size=vocab)
+        head = bigram_head(target, 4)
     else:
         target = tiny_llama(3, vocab_size=vocab)
         head = random_head(target, 4)
@@ -141,6 +145,6 @@ def test_eagenerate_first_tokens_match_target_distribution(head_kind, setting):
         out = model.eagenerate(ids, params.temperature, params.top_p, params.top_k, max_new_tokens=2)
         observed[tuple(out[0, -2:].tolist())] += 1
         accepted += model.last_stats.accept_lengths[0] > 1  # the second token was a draft
-    if head_kind == "bigram":
+    if head_kind in ("bigram", "gemma2"):
         assert accepted > 0.3 * draws
     assert chi_square_p_value(observed, expected, draws) > 0.01

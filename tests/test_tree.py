@@ -140,3 +140,15 @@ def test_select_nodes_detects_a_broken_pool():
     scores = torch.tensor([-1.0, -0.5])  # child scoring above its parent cannot come from log-probs
     with pytest.raises(AssertionError):
         select_nodes(scores, torch.tensor([-1, 0]), 1)
+
+
+def test_a_sliding_window_mask_sees_only_positions_inside_the_window():
+    """Window 3, five committed tokens of which the layer keeps the last two (positions 3, 4),
+    a chain root -> a -> b at positions 5, 6, 7: b sees only a, itself and the root."""
+    from eagle.tree import sliding_tree_mask
+
+    chain = build_tree(torch.tensor([9, 8, 7]), torch.tensor([-1, 0, 1]))
+    allowed = sliding_tree_mask(chain.ancestors, chain.depths, past_len=5, kept=2, window=3, dtype=torch.float32) == 0
+    assert allowed[0, 0].tolist() == [[True, True, True, False, False],
+                                      [False, True, True, True, False],
+                                      [False, False, True, True, True]]

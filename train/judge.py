@@ -109,7 +109,7 @@ class Judge:
         except (OSError, ValueError) as e:
             raise ValueError(f"{target_dir}: no usable tokenizer with a chat template, which τ on chat prompts "
                              f"needs (set train.tau_every=0 to turn it off): {str(e).splitlines()[0]}") from e
-        return cls(encode_prompts(tokenizer, texts), lambda: load_target(target_dir, dtype, device, attn_implementation="sdpa"), max_new_tokens,
+        return cls(encode_prompts(tokenizer, texts), lambda: load_target(target_dir, dtype, device), max_new_tokens,
                    tokenizer)
 
     @property
