@@ -23,7 +23,10 @@ from eagle.vocab import DraftVocabulary
 
 
 class Drafter:
-    """A draft head with the target's token embedding and a draft vocabulary. Holds no decode state."""
+    """A draft head with the target's token embedding and a draft vocabulary. Holds no decode state.
+
+    The head's token input is the row of the target's embedding matrix, exactly what the trainer
+    feeds it (train/frozen.py), also for families whose embedding module scales it (Gemma-3)."""
 
     def __init__(self, head: nn.Module, embed: nn.Module, vocab: DraftVocabulary):
         self.head, self.embed, self.vocab = head, embed, vocab
@@ -40,7 +43,8 @@ class Drafter:
                mask: torch.Tensor | None, past: KVCache | None) -> tuple[torch.Tensor, KVCache]:
         """Head rows (features [q, F], next tokens [q]) at positions [q] over `past`; returns
         outputs [q, H] and the cache extended by q rows (`past` itself is not modified)."""
-        hidden, past = self.head(features[None], self.embed(tokens)[None], positions[None], mask, past)
+        embeds = torch.nn.functional.embedding(tokens, self.embed.weight)  # the matrix row, as the trainer reads it
+        hidden, past = self.head(features[None], embeds[None], positions[None], mask, past)
         return hidden[0], past
 
     def logp(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -1,9 +1,11 @@
-"""Every common decoder family through the decoder: fp32 greedy output equals HF `generate`
-(dynamic tree, static tree, prompt lookup; prompts and decodes longer than the sliding window),
-and the committed KV cache equals a fresh prefill for every cache-layer type transformers builds."""
+"""Every common decoder family (tests/families.py) through the pipeline: fp32 greedy output equals
+HF `generate` (dynamic tree, static tree, prompt lookup; prompts and decodes longer than the
+sliding window), the committed KV cache equals a fresh prefill for every cache-layer type
+transformers builds, and data_prep -> training (EAGLE-2 and EAGLE-3) -> export -> decoding runs."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -50,3 +52,57 @@ def test_the_committed_cache_equals_a_fresh_prefill(family):
         torch.testing.assert_close(mine.values, theirs.values, rtol=1e-4, atol=1e-5)
         assert mine.get_seq_length() == theirs.get_seq_length() == state.committed
     assert ("DynamicSlidingWindowLayer" in kinds) == (family in SLIDING)
+
+
+# ---- the whole pipeline per family: data_prep -> train (EAGLE-2, EAGLE-3) -> export -> decode -----------
+
+
+@pytest.fixture(scope="module")
+def chats(tmp_path_factory):
+    path = tmp_path_factory.mktemp("family-data") / "chats.jsonl"
+    rows = [{"conversations": [{"from": "human", "value": f"Question {i}: what is {i} plus {i}?"},
+                               {"from": "gpt", "value": f"{i} plus {i} is {2 * i}. " * (2 + i % 4)}]} for i in range(24)]
+    path.write_text("\n".join(json.dumps(r) for r in rows))
+    return path
+
+
+def family_folder(family: str, out) -> str:
+    """The family's tiny target saved as a HF folder, with the embedded default's ChatML tokenizer."""
+    from eagle.tokenizer import load_tokenizer
+    from tests.tiny import embedded_target_or_skip
+
+    tokenizer = load_tokenizer(embedded_target_or_skip())
+    target = family_target(family, 5, vocab_size=len(tokenizer))
+    target.config.eos_token_id = target.generation_config.eos_token_id = tokenizer.eos_token_id
+    target.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return str(out)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_each_family_through_data_prep_training_export_and_decoding(family, chats, tmp_path):
+    from hydra import compose, initialize_config_dir
+
+    from data_prep.pipeline import prepare
+    from eagle.checkpoint import load_head
+    from tests.tiny import CONF
+    from train.config import validate
+    from train.trainer import Trainer
+
+    folder = family_folder(family, tmp_path / "target")
+    for head, extra in (("eagle2", []), ("eagle3", ["head=eagle3", "model.feature_layers=[0,1,-1]", "train.draft_vocab=512"])):
+        overrides = ["+model=smollm2_135m", f"model.path={folder}", "model.dtype=float32", f"data.source={chats}",
+                     "data.shard_records=8", "data.batch_tokens=512", f"store_dir={tmp_path / head / 'store'}",
+                     f"output_dir={tmp_path / head}", "wandb.mode=disabled", "train.batch_tokens=512",
+                     "train.max_steps=3", "train.warmup_steps=1", "train.eval_every=0", "train.save_every=0",
+                     "train.tau_every=0", "train.progress=false", "deepspeed=zero0_fp32", "train.export_dtype=float32",
+                     *extra]
+        with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+            cfg = validate(compose(config_name="config", overrides=overrides))
+        prepare(cfg)
+        head_dir = Trainer(cfg).fit().head_dir
+        model = EaModel.from_pretrained(folder, head_dir, settings=KINDS["dynamic"])
+        assert load_head(head_dir).config.architecture == head
+        ids = prompt(7, 2 * WINDOW + 1, vocab=100)
+        assert torch.equal(model.eagenerate(ids, max_new_tokens=12), hf_greedy(model.target, ids, 12)), head
