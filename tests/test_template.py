@@ -15,6 +15,10 @@ MESSAGES = [
 ]
 
 
+MARKERS = {"llama3": ["<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+           "gemma": ["<start_of_turn>", "<end_of_turn>"], "phi3": ["<|user|>", "<|assistant|>", "<|system|>", "<|end|>"]}
+
+
 @pytest.fixture(scope="module")
 def target_dir():
     return embedded_target_or_skip()
@@ -24,9 +28,12 @@ def masked_text(tok, t):
     return tok.decode([i for i, m in zip(t.input_ids, t.loss_mask) if m])
 
 
-@pytest.mark.parametrize("template, end", [(None, "<|im_end|>"), ("vicuna", "<|im_end|>"), ("llama2", " <|im_end|>")])
+@pytest.mark.parametrize("template, end", [(None, "<|im_end|>"), ("vicuna", "<|im_end|>"), ("llama2", " <|im_end|>"),
+                                           ("chatml", "<|im_end|>"), ("llama3", "<|eot_id|>"),
+                                           ("gemma", "<end_of_turn>"), ("mistral", "<|im_end|>"), ("phi3", "<|end|>")])
 def test_mask_covers_exactly_assistant_replies_and_end_of_turn(target_dir, template, end):
     tok = load_tokenizer(target_dir, template)
+    tok.add_tokens(MARKERS.get(template, []), special_tokens=True)  # atomic, as in the family's own tokenizer
     t = tokenize_conversation(tok, MESSAGES, max_len=4096)
     assert len(t.input_ids) == len(t.loss_mask)
     assert tok.decode(t.input_ids) == tok.apply_chat_template(MESSAGES, tokenize=False)

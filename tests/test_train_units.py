@@ -228,3 +228,14 @@ def test_the_loader_throughput_tool_runs(capsys):
 
     result = main(["--hidden", "64", "--records", "4", "--workers", "0", "--step-batches", "1"])
     assert result["loader"][0]["tokens_per_s"] > 0 and result["bare_step"]["tokens_per_s"] > 0
+
+
+def test_a_large_vocabulary_gets_a_draft_vocabulary_by_default():
+    from train.vocab import TrainingVocabulary, draft_vocab_size
+
+    assert draft_vocab_size(None, 262144) == 32768 and draft_vocab_size(None, 49152) is None
+    assert draft_vocab_size(8192, 262144) == 8192  # train.draft_vocab wins
+    counts = torch.zeros(100, dtype=torch.int64)
+    counts[:10] = torch.arange(10, 0, -1)  # ten seen tokens, 55 in all
+    vocab = TrainingVocabulary.choose(counts, 4, eagle3=False)
+    assert vocab.ids[:4].tolist() == [0, 1, 2, 3] and vocab.coverage == pytest.approx(34 / 55)

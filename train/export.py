@@ -27,6 +27,8 @@ class CardInfo:
     config: dict = field(default_factory=dict)  # the train section
     code_version: str = "unknown"
     head_layers: int = 1  # decoder layers of an EAGLE-1/2 head
+    draft_vocab: int | None = None  # tokens the draft scores (None: the whole vocabulary)
+    vocab_coverage: float = 1.0  # share of the training tokens inside the draft vocabulary
 
 
 def _architecture(info: CardInfo) -> str:
@@ -47,6 +49,12 @@ def _loss(info: CardInfo) -> str:
         return (f"Σ_i {info.config.get('ttt_decay')}^i · CE over the draft vocabulary, {info.config.get('ttt_steps')} "
                 f"training-time-test steps")
     return "v_w * SmoothL1(feature) + p_w * CE(token)"
+
+
+def _vocabulary(info: CardInfo) -> str:
+    if not info.draft_vocab:
+        return "the whole vocabulary"
+    return f"{info.draft_vocab:,} tokens, covering {info.vocab_coverage:.2%} of the training tokens"
 
 
 def model_card(info: CardInfo, repo_id: str | None = None) -> str:
@@ -88,6 +96,7 @@ out = model.eagenerate(input_ids, temperature=0.0, max_new_tokens=256)
 - Data: `{info.data}` ({info.store_records} records, {info.store_tokens} tokens)
 - Steps: {info.steps} optimizer steps ({info.epochs:.2f} epochs)
 - Loss: {_loss(info)}
+- Draft vocabulary: {_vocabulary(info)}
 - Code version: `{info.code_version}`
 
 ## Held-out metrics

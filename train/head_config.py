@@ -37,7 +37,7 @@ def draft_config(target_dir: Path, cfg: DictConfig, start: Head | None = None) -
         fused = fused_layers(stored)
         if len(fused) < 2 or LAST not in stored:
             raise ValueError(f"head=eagle3 needs model.feature_layers = its fused layers plus -1, got {stored}")
-        size = cfg.train.draft_vocab or draft.vocab_size
+        size = cfg.train.draft_vocab or draft.vocab_size  # head=eagle3 sets it (conf/head/eagle3.yaml)
         draft.architecture, draft.feature_layers, draft.fc_bias = "eagle3", fused, False
         draft.draft_vocab_size = min(int(size), draft.vocab_size)
     return draft

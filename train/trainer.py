@@ -46,7 +46,7 @@ from train.judge import Judge
 from train.loss import LossOutput, Pairs, eagle3_loss, eagle_loss, make_pairs, summarize, uniform_noise, vocab_target
 from train.tracking import Tracker, code_version
 from train.unroll import unrolled_forward
-from train.vocab import TrainingVocabulary, token_counts
+from train.vocab import TrainingVocabulary, draft_vocab_size, token_counts
 
 log = logging.getLogger("train")
 CHECKPOINTS = "checkpoints"
@@ -85,9 +85,10 @@ class Trainer:
         self.lengths = self.store.lengths()
         self.train_idx, self.eval_idx = split_indices(self.lengths, t.eval_fraction, cfg.seed)
         counts = token_counts(self.store, self.train_idx, self.draft_config.vocab_size)  # [V]
-        self.vocab = TrainingVocabulary.choose(counts, t.draft_vocab, self.eagle3, self.draft_config.draft_vocab_size,
+        size = draft_vocab_size(t.draft_vocab, self.draft_config.vocab_size)  # large vocabularies: 32k by default
+        self.vocab = TrainingVocabulary.choose(counts, size, self.eagle3, self.draft_config.draft_vocab_size,
                                                None if start is None else start.draft_ids)
-        self.loss_lm_head = self.vocab.loss_rows(self.frozen.lm_head, counts)  # [Vd, H] of the EAGLE-1/2 token loss
+        self.loss_lm_head = self.vocab.loss_rows(self.frozen.lm_head)  # [Vd, H] of the EAGLE-1/2 token loss
         self.loss_vocab = self.vocab.eagle3_target(self.draft_config.vocab_size, self.device)  # EAGLE-3 token loss
         self.plan = BatchPlan(self.train_idx, self.lengths, t.batch_tokens, cfg.seed, self.rank, self.world)
         self.steps_per_epoch = max(1, self.plan.per_epoch // t.grad_accum)
@@ -305,7 +306,8 @@ class Trainer:
             store_records=int(m.get("records", len(self.store))), store_tokens=int(m.get("tokens", 0)),
             steps=self.step, epochs=self.step / self.steps_per_epoch, metrics=metrics,
             config=OmegaConf.to_container(self.cfg.train, resolve=True), code_version=code_version(),
-            head_layers=self.draft_config.num_hidden_layers,
+            head_layers=self.draft_config.num_hidden_layers, draft_vocab=self.vocab.size,
+            vocab_coverage=self.vocab.coverage,
         )
 
     # ---------------------------------------------------------------- logging

@@ -32,6 +32,16 @@ from eagle.checkpoint import load_head, write_draft_vocab
 from eagle.vocab import coverage, ranked_ids, stored_tensors, top_up
 
 log = logging.getLogger("train")
+LARGE_VOCAB = 65536  # a target vocabulary above this gets a draft vocabulary by default
+LARGE_VOCAB_DRAFT = 32768  # its size (EAGLE-3 uses 32k for Llama-3's 128k)
+
+
+def draft_vocab_size(configured: int | None, vocab_size: int) -> int | None:
+    """train.draft_vocab, or, when unset, 32,768 for a vocabulary over 65,536 (a 256k-token
+    Gemma would otherwise make every draft step and token loss pay for the whole lm_head)."""
+    if configured is not None:
+        return configured
+    return LARGE_VOCAB_DRAFT if vocab_size > LARGE_VOCAB else None
 
 
 def token_counts(store: FeatureStore, indices: Iterable[int] | None = None, vocab_size: int | None = None) -> torch.Tensor:
@@ -52,6 +62,7 @@ class TrainingVocabulary:
     ids: torch.Tensor | None
     size: int | None
     eagle3: bool
+    coverage: float = 1.0  # share of the training tokens inside the first `size` ids
 
     @classmethod
     def choose(cls, counts: torch.Tensor, size: int | None, eagle3: bool, draft_rows: int | None = None,
@@ -60,13 +71,18 @@ class TrainingVocabulary:
         starting head's stored ids (EAGLE-1/2 fine-tuning)."""
         if eagle3:
             ids = ranked_ids(counts, draft_rows, seen_only=False) if draft_rows < counts.numel() else None
-            return cls(ids, size, True)
-        seen = ranked_ids(counts)
-        ids = top_up(seen, start, size)
-        if ids.numel() > seen.numel():
-            log.info("draft vocabulary: the store sees %d tokens; %d more come from train.init_head",
-                     seen.numel(), ids.numel() - seen.numel())
-        return cls(ids, size, False)
+        else:
+            seen = ranked_ids(counts)
+            ids = top_up(seen, start, size)
+            if ids.numel() > seen.numel():
+                log.info("draft vocabulary: the store sees %d tokens; %d more come from train.init_head",
+                         seen.numel(), ids.numel() - seen.numel())
+        used = None if ids is None or not size else ids[:size]
+        share = 1.0 if used is None else float(counts.double()[used].sum() / counts.double().sum().clamp(min=1))
+        if used is not None:
+            log.info("draft vocabulary: %d of %d tokens, covering %.4f of the training tokens", used.numel(),
+                     counts.numel(), share)
+        return cls(ids, size, eagle3, share)
 
     def stored(self) -> torch.Tensor | None:
         """The ids exported with the head: EAGLE-3, its lm_head's rows; EAGLE-1/2, the first `size`."""
@@ -74,15 +90,12 @@ class TrainingVocabulary:
             return self.ids
         return self.ids[: self.size or None]
 
-    def loss_rows(self, lm_head: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    def loss_rows(self, lm_head: torch.Tensor) -> torch.Tensor:
         """The frozen lm_head [V, H], or its rows of the first `size` ids: the EAGLE-1/2 token loss
         and its softmax run over these rows only. [Vd, H]"""
         if not self.size or self.ids is None:
             return lm_head
-        ids = self.ids[: self.size]
-        share = float(counts.double()[ids].sum() / counts.double().sum().clamp(min=1))
-        log.info("draft vocabulary: %d tokens cover %.4f of the training tokens", self.size, share)
-        return lm_head[ids.to(lm_head.device)].contiguous()
+        return lm_head[self.ids[: self.size].to(lm_head.device)].contiguous()
 
     def eagle3_target(self, vocab_size: int, device) -> tuple[torch.Tensor, torch.Tensor] | None:
         """(draft ids [Vd], membership [V] bool) on `device` for the EAGLE-3 token loss; None = all."""
