@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from eagle.feature_layers import fused_layers
+from eagle.vocab import draft_vocab_size
 
 GB = 2**30
 SAMPLE = 256  # conversations tokenized to measure tokens per conversation
@@ -123,26 +124,25 @@ def _local_config(cfg):
     """The target's transformers config without touching the network, or None."""
     from transformers import AutoConfig
 
-    from eagle.targets import _PACKAGED, resolve_target
+    from eagle.targets import local_target
 
     path = str(cfg.model.path)
     try:
-        if path in _PACKAGED or Path(path).expanduser().is_dir():
-            return AutoConfig.from_pretrained(resolve_target(path))
-        return AutoConfig.from_pretrained(path, local_files_only=True)  # the HF cache, when it was downloaded before
+        folder = local_target(path)  # converted or local already; the plan never converts or downloads
+        return AutoConfig.from_pretrained(folder if folder is not None else path, local_files_only=True)
     except (OSError, ValueError):
         return None
 
 
 def _local_tokenizer(cfg):
-    from eagle.targets import _PACKAGED, resolve_target
+    from eagle.targets import local_target
     from eagle.tokenizer import load_tokenizer
 
-    path = str(cfg.model.path)
-    if not (path in _PACKAGED or Path(path).expanduser().is_dir()):
+    folder = local_target(str(cfg.model.path))
+    if folder is None:
         return None
     try:
-        return load_tokenizer(resolve_target(path), cfg.model.chat_template)
+        return load_tokenizer(folder, cfg.model.chat_template)
     except (OSError, ValueError):
         return None
 
@@ -203,7 +203,9 @@ def _memory(cfg, t: TargetSizes, extra_layers: int) -> dict[str, float]:
     states = head * 18  # bf16 weights + fp32 master weights, grads and two Adam moments (ZeRO-2/3 shard the 16)
     batch = int(cfg.train.batch_tokens) if "train" in cfg else 8192
     frozen = 2 * t.vocab * t.hidden * 2
-    train_act = batch * t.hidden * 2 * (3 + extra_layers) + 2 * batch * t.vocab * 4  # features + two fp32 softmaxes
+    drafted = draft_vocab_size(cfg.train.get("draft_vocab") if "train" in cfg else None, t.vocab) or t.vocab
+    target_side = t.vocab if extra_layers else drafted  # EAGLE-3 takes the target's distribution over all of it
+    train_act = batch * t.hidden * 2 * (3 + extra_layers) + batch * (drafted + target_side) * 4  # fp32 softmaxes
     return {"data_prep host (loading the target)": weights / GB,
             "data_prep device (target + a batch)": (weights + prep_act) / GB,
             f"train device (head {head / 1e6:.0f}M params + optimizer, frozen embed/lm_head, a micro-batch)":

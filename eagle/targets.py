@@ -54,7 +54,7 @@ def resolve_target(name_or_path: str | os.PathLike) -> Path:
         return _converted(lambda: packaged_file(*_PACKAGED[name]), name)
     path = Path(name).expanduser()
     if path.suffix == ".gguf" and path.is_file():
-        return _converted(lambda: path, f"{path.stem}-{_file_id(path)}")
+        return _converted(lambda: path, _gguf_name(path))
     if path.is_dir():
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"{path}: not a HF model folder (no config.json)")
@@ -118,10 +118,21 @@ def _converted(gguf: Callable[[], Path], name: str) -> Path:
     return out
 
 
-def _file_id(path: Path) -> str:
-    """A short id of a file's identity (absolute path, size, mtime): another file, another folder."""
+def local_target(name_or_path: str | os.PathLike) -> Path | None:
+    """The target's HF folder when it is on this machine already (an alias or GGUF converted
+    before, or a folder), without converting or downloading anything; else None."""
+    name = str(name_or_path)
+    path = Path(name).expanduser()
+    if name in _PACKAGED or (path.suffix == ".gguf" and path.is_file()):
+        out = cache_dir() / "targets" / (name if name in _PACKAGED else _gguf_name(path))
+        return out if (out / "config.json").exists() else None
+    return path if (path / "config.json").exists() else None
+
+
+def _gguf_name(path: Path) -> str:
+    """The cache folder of a GGUF file: its stem and a short id of its identity (path, size, mtime)."""
     st = path.stat()
-    return hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:8]
+    return f"{path.stem}-" + hashlib.sha256(f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}".encode()).hexdigest()[:8]
 
 
 def load_target(target_dir: str | os.PathLike, dtype, device=None):

@@ -25,6 +25,8 @@ import torch
 from torch import nn
 
 STORED_KEYS = ("d2t", "t2d")
+LARGE_VOCAB = 65536  # a target vocabulary above this gets a draft vocabulary by default
+LARGE_VOCAB_DRAFT = 32768  # its size (EAGLE-3 uses 32k for Llama-3's 128k)
 
 
 # ---- choosing ---------------------------------------------------------------------------------
@@ -39,6 +41,14 @@ def ranked_ids(counts: torch.Tensor, size: int | None = None, seen_only: bool = 
     if seen_only:
         order = order[: int((counts > 0).sum())]
     return order[:size] if size else order
+
+
+def draft_vocab_size(configured: int | None, vocab_size: int) -> int | None:
+    """train.draft_vocab, or, when unset, 32,768 for a vocabulary over 65,536 (a 256k-token
+    Gemma would otherwise make every draft step and token loss pay for the whole lm_head)."""
+    if configured is not None:
+        return configured
+    return LARGE_VOCAB_DRAFT if vocab_size > LARGE_VOCAB else None
 
 
 def top_up(ids: torch.Tensor, extra: torch.Tensor | None, size: int | None) -> torch.Tensor:

@@ -92,6 +92,7 @@ def parse_args(argv=None):
     p.add_argument("--head3", default="checkpoints/eagle3-smollm2-135m-instruct", help="EAGLE-3 head (methods eagle3*)")
     p.add_argument("--heads", default="", help="more heads, LABEL=DIR,...; method KIND@LABEL decodes with one")
     p.add_argument("--assistant", default=None, help="smaller draft model for `assisted`")
+    p.add_argument("--chat-template", default=None, help="template name, .jinja file or text (a base model has none)")
     p.add_argument("--prompts", default="mtbench", help="mtbench | sharegpt-heldout | path to MT-bench-shaped JSONL")
     p.add_argument("--methods", default="vanilla,eagle2,eagle1,pld")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -151,7 +152,7 @@ def _bench(args, methods: list[str], paths: dict[str, str]) -> Bench:
     used = {split_method(m)[1] or default_head_label(split_method(m)[0]) for m in methods if split_method(m)[0] in DECODERS}
     heads = {label: load_head(paths[label], dtype=dtype, device=target.device) for label in sorted(used)}
     assistant = load_target(resolve_target(args.assistant), dtype) if args.assistant else None
-    return Bench(target, load_tokenizer(path), heads, methods, assistant, args.max_new_tokens,
+    return Bench(target, load_tokenizer(path, args.chat_template), heads, methods, assistant, args.max_new_tokens,
                  tree_settings.from_arguments(args))
 
 

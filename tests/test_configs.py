@@ -87,3 +87,17 @@ def test_importing_data_prep_registers_nothing():
     code = "import data_prep, train.config; from omegaconf import OmegaConf; print(OmegaConf.has_resolver('layers_tag'))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=CONF.parent, timeout=120)
     assert out.stdout.strip() == "False", out.stderr
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_preset_plans_offline(model, monkeypatch, tmp_path):
+    """plan=true from the preset alone: no download, the sizes from the preset when the target is not here."""
+    from huggingface_hub import constants
+
+    from data_prep.plan import make_plan
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose(config_name="config", overrides=[f"+model={model}", "data.limit=50", f"store_dir={tmp_path}"])
+    plan = make_plan(cfg)
+    assert plan.tokens > 0 and plan.bytes_per_token > 2 * plan.target.hidden and plan.memory

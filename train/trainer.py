@@ -35,6 +35,7 @@ from data_prep.prompts import held_back_prompts
 from data_prep.store import FeatureStore
 from eagle.checkpoint import load_head
 from eagle.targets import local_device, resolve_target
+from eagle.vocab import draft_vocab_size
 from train.checkpoints import check_resumable, prune_checkpoints, resume_from, step_tag
 from train.data import Batch, BatchPlan, length_batches, loader, loader_settings, split_indices
 from train.engine import build_engine, compute_dtype, ds_config, full_state_dict, init_distributed
@@ -46,7 +47,7 @@ from train.judge import Judge
 from train.loss import LossOutput, Pairs, eagle3_loss, eagle_loss, make_pairs, summarize, uniform_noise, vocab_target
 from train.tracking import Tracker, code_version
 from train.unroll import unrolled_forward
-from train.vocab import TrainingVocabulary, draft_vocab_size, token_counts
+from train.vocab import TrainingVocabulary, token_counts
 
 log = logging.getLogger("train")
 CHECKPOINTS = "checkpoints"

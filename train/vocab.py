@@ -32,18 +32,6 @@ from eagle.checkpoint import load_head, write_draft_vocab
 from eagle.vocab import coverage, ranked_ids, stored_tensors, top_up
 
 log = logging.getLogger("train")
-LARGE_VOCAB = 65536  # a target vocabulary above this gets a draft vocabulary by default
-LARGE_VOCAB_DRAFT = 32768  # its size (EAGLE-3 uses 32k for Llama-3's 128k)
-
-
-def draft_vocab_size(configured: int | None, vocab_size: int) -> int | None:
-    """train.draft_vocab, or, when unset, 32,768 for a vocabulary over 65,536 (a 256k-token
-    Gemma would otherwise make every draft step and token loss pay for the whole lm_head)."""
-    if configured is not None:
-        return configured
-    return LARGE_VOCAB_DRAFT if vocab_size > LARGE_VOCAB else None
-
-
 def token_counts(store: FeatureStore, indices: Iterable[int] | None = None, vocab_size: int | None = None) -> torch.Tensor:
     """How often each token id occurs under the loss mask of the given records. [V] int64"""
     vocab_size = vocab_size or int(store.manifest["target"]["vocab_size"])
