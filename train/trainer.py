@@ -307,7 +307,8 @@ class Trainer:
             store_records=int(m.get("records", len(self.store))), store_tokens=int(m.get("tokens", 0)),
             steps=self.step, epochs=self.step / self.steps_per_epoch, metrics=metrics,
             config=OmegaConf.to_container(self.cfg.train, resolve=True), code_version=code_version(),
-            head_layers=self.draft_config.num_hidden_layers, draft_vocab=self.vocab.size,
+            head_layers=self.draft_config.num_hidden_layers,
+            draft_vocab=None if self.vocab.stored() is None else self.vocab.stored().numel(),
             vocab_coverage=self.vocab.coverage,
         )
 
