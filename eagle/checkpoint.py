@@ -48,6 +48,8 @@ def save_head(
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()}
     if head.draft_ids is not None:
         state.update(stored_tensors(head.draft_ids, head.config.vocab_size))
+        if "lm_head.weight" in state:  # EAGLE-3: row j belongs to stored (ascending) draft id j
+            state["lm_head.weight"] = state["lm_head.weight"][state["draft_rank"]].contiguous()
     save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
     (tmp / "config.json").write_text(head.config.to_json())
     if card is not None:
@@ -100,7 +102,9 @@ def load_head(name_or_path: str | Path, dtype: torch.dtype | None = None, device
         state = torch.load(directory / LEGACY_WEIGHTS, map_location="cpu", weights_only=True)
     else:
         raise FileNotFoundError(f"{directory}: neither {WEIGHTS} nor {LEGACY_WEIGHTS}")
-    draft_ids = ids_from_stored(state, directory)
+    draft_ids, stored_of = ids_from_stored(state, directory)
+    if stored_of is not None and cfg.architecture == "eagle3" and "lm_head.weight" in state:
+        state["lm_head.weight"] = state["lm_head.weight"][stored_of]  # back to in-memory (frequency) order
     ignored = TARGET_KEYS + STORED_KEYS + (("lm_head.weight",) if cfg.architecture == "eagle2" else ())
     state = {k: v for k, v in state.items() if k not in ignored}
     if "fc.bias" not in state:

@@ -7,7 +7,11 @@ changes the output; it only shrinks the draft's `lm_head` work (on a CPU its lar
   (`ranked_ids` over training-token counts). An EAGLE-3 head's list is exactly its lm_head's
   rows; an EAGLE-1/2 head's selects rows of the target's lm_head. None = the whole vocabulary.
 - **Stored** in EAGLE-3's two tensors (`stored_tensors` / `ids_from_stored`): `d2t [N]` int64
-  offsets (target id of draft id i = i + d2t[i]) and `t2d [V]` bool (which target ids are in it).
+  offsets (target id of draft id i = i + d2t[i]) and `t2d [V]` bool (which target ids are in it),
+  draft ids in **ascending target-id order**, as SpecForge, EAGLE's EAGLE-3 trainer and
+  speculators assume; the frequency order travels separately as `draft_rank [N]` (the
+  in-memory position of each stored draft id), so "the N most frequent" still works. Heads
+  stored without `draft_rank` (the authors', ours before session 12) load in their stored order.
 - **Topped up** (`top_up`): a list, then another's ids it lacks. Fine-tuning keeps its starting
   head's tokens beyond the store's; `train.vocab --keep` keeps a head's list first; the decoder's
   `draft_vocab=N` beyond a head's list adds the target's other tokens.
@@ -24,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-STORED_KEYS = ("d2t", "t2d")
+STORED_KEYS = ("d2t", "t2d", "draft_rank")
 LARGE_VOCAB = 65536  # a target vocabulary above this gets a draft vocabulary by default
 LARGE_VOCAB_DRAFT = 32768  # its size (EAGLE-3 uses 32k for Llama-3's 128k)
 
@@ -71,23 +75,33 @@ def coverage(counts: torch.Tensor, sizes: Iterable[int]) -> dict[int, float]:
 
 
 def stored_tensors(ids: torch.Tensor, vocab_size: int) -> dict[str, torch.Tensor]:
-    """EAGLE-3's `d2t` offsets [N] and `t2d` membership [V] for draft ids -> target ids [N]."""
+    """`d2t` [N] (ascending target ids), `t2d` [V] and `draft_rank` [N] for the ids [N] in their
+    in-memory (frequency) order. Stored draft id j is in-memory entry `draft_rank[j]`: an EAGLE-3
+    head's lm_head rows are stored in that order too (`eagle.checkpoint`)."""
     ids = ids.to("cpu", torch.int64)
     if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != ids.numel():
         raise ValueError(f"a draft vocabulary needs distinct target ids in [0, {vocab_size})")
+    order = torch.argsort(ids)  # [N] in-memory index of each stored (ascending) draft id
     t2d = torch.zeros(vocab_size, dtype=torch.bool)
     t2d[ids] = True
-    return {"d2t": ids - torch.arange(ids.numel()), "t2d": t2d}
+    return {"d2t": ids[order] - torch.arange(ids.numel()), "t2d": t2d, "draft_rank": order}
 
 
-def ids_from_stored(state: dict[str, torch.Tensor], where: Path | str) -> torch.Tensor | None:
-    """Target ids [N] of a stored draft vocabulary (`d2t`, checked against `t2d`), or None when there is none."""
+def ids_from_stored(state: dict[str, torch.Tensor], where: Path | str) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """(target ids [N] in their in-memory order, or None when the head stores no vocabulary;
+    the stored draft id of each in-memory entry [N], or None when stored order is the order)."""
     if "d2t" not in state:
-        return None
+        return None, None
     ids = state["d2t"].to(torch.int64) + torch.arange(state["d2t"].numel())
     if "t2d" in state and int(state["t2d"].sum()) != ids.numel():
         raise ValueError(f"{where}: d2t ({ids.numel()} ids) and t2d ({int(state['t2d'].sum())} ids) disagree")
-    return ids
+    if "draft_rank" not in state:
+        return ids, None
+    rank = state["draft_rank"].to(torch.int64)
+    if not torch.equal(torch.sort(rank).values, torch.arange(ids.numel())):
+        raise ValueError(f"{where}: draft_rank is not a permutation of the {ids.numel()} draft ids")
+    stored_of = torch.argsort(rank)  # [N] stored draft id of in-memory entry i
+    return ids[stored_of], stored_of
 
 
 # ---- scoring (the decoder) --------------------------------------------------------------------

@@ -147,3 +147,21 @@ def test_loss_is_restricted_to_the_draft_vocabulary():
     assert float(best.sums["top1"]) == float(inside.sum())  # right exactly where the argmax is in the vocabulary
     later = eagle3_loss(copy, feats, mask, target, step=3, draft_ids=ids)
     assert float(later.sums["n"]) == n - 3
+
+
+def test_saved_draft_ids_ascend_and_the_lm_head_rows_follow_them(tmp_path):
+    """The stored layout SpecForge, EAGLE-3's trainer and speculators assume: draft id j is the
+    j-th smallest target id and lm_head row j scores it; the frequency order comes back on load."""
+    from safetensors.torch import load_file
+
+    target = tiny_llama(3)
+    ids = torch.tensor([90, 4, 57, 12, 101, 33])  # most frequent first
+    head = random_eagle3_head(target, vocab_ids=ids, seed=8)
+    save_head(tmp_path / "h", head, dtype=torch.float32)
+    stored = load_file(str(tmp_path / "h" / "model.safetensors"))
+    targets = stored["d2t"] + torch.arange(6)
+    assert targets.tolist() == sorted(ids.tolist())
+    for j, t in enumerate(targets.tolist()):
+        assert torch.equal(stored["lm_head.weight"][j], head.lm_head.weight[ids.tolist().index(t)])
+    loaded = load_head(tmp_path / "h")
+    assert torch.equal(loaded.draft_ids, ids) and torch.equal(loaded.lm_head.weight, head.lm_head.weight)

@@ -319,8 +319,10 @@ def test_draft_vocabulary_round_trips_in_eagle3_layout(tmp_path):
     from safetensors.torch import load_file
 
     stored = load_file(str(tmp_path / "head" / "model.safetensors"))
-    assert stored["d2t"].tolist() == [7, 2, 98, 2]  # target id of draft id i = i + d2t[i]
+    # draft ids in ascending target-id order (target id of draft id i = i + d2t[i]): 3, 5, 7, 100
+    assert stored["d2t"].tolist() == [3, 4, 5, 97]
     assert stored["t2d"].dtype == torch.bool and int(stored["t2d"].sum()) == 4 and bool(stored["t2d"][100])
+    assert stored["draft_rank"].tolist() == [1, 3, 0, 2]  # the frequency order, kept separately
 
     assert load_head(tmp_path / "head").draft_ids.tolist() == [7, 3, 100, 5]
     write_draft_vocab(tmp_path / "head", torch.tensor([1, 2]))
