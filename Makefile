@@ -1,7 +1,7 @@
 # The two commands of the project (see README.md).
 PY := .venv/bin/python
 
-.PHONY: setup demo test test-fast
+.PHONY: setup demo test test-fast consumers
 setup:
 	bash scripts/setup.sh
 
@@ -13,3 +13,7 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -ra -m "not slow"
+
+# vLLM, speculators and SGLang's source, each in its own venv under .consumers/ (tests/test_consumers.py).
+consumers: setup
+	bash scripts/setup_consumers.sh

@@ -1,4 +1,5 @@
-"""Draft-head checkpoints: `config.json` + `model.safetensors` (the EAGLE authors' key names).
+"""Draft-head checkpoints: `config.json` + `model.safetensors` (the EAGLE authors' key names), in
+any of the serving layouts of eagle/formats.py (`eagle` by default).
 
 Two architectures (`config.architecture`): eagle2 (EAGLE-1/2, eagle/draft.py) and eagle3
 (eagle/draft3.py). `load_head` also reads heads published by the EAGLE authors: a
@@ -12,6 +13,7 @@ loads as `head.draft_ids` ([N] target ids, or None for the whole vocabulary).
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -22,6 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from eagle.draft import DraftConfig, DraftHead
 from eagle.draft3 import Eagle3Head
+from eagle.formats import check_format, export_files, normalise_state, read_config, write_side_files
 from eagle.vocab import STORED_KEYS, ids_from_stored, stored_tensors
 
 WEIGHTS = "model.safetensors"
@@ -40,8 +43,12 @@ def save_head(
     head: Head,
     dtype: torch.dtype = torch.bfloat16,
     card: str | None = None,
+    fmt: str = "eagle",
+    extra: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write the head atomically (temp dir, then rename over any earlier export)."""
+    """Write the head in the layout `fmt` (eagle/formats.py), atomically: a temp dir renamed over
+    any earlier export. `extra`: more tensors to store, e.g. the target's `embed_tokens.weight`."""
+    check_format(fmt, head.config)
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
@@ -50,8 +57,11 @@ def save_head(
         state.update(stored_tensors(head.draft_ids, head.config.vocab_size))
         if "lm_head.weight" in state:  # EAGLE-3: row j belongs to stored (ascending) draft id j
             state["lm_head.weight"] = state["lm_head.weight"][state["draft_rank"]].contiguous()
+    config, state, side = export_files(fmt, head.config, state, dtype)
+    state.update({k: v.detach().to("cpu", dtype).contiguous() for k, v in (extra or {}).items()})
     save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(head.config.to_json())
+    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    write_side_files(tmp, side)
     if card is not None:
         (tmp / "README.md").write_text(card)
     if directory.exists():
@@ -82,7 +92,8 @@ def resolve_head_dir(name_or_path: str | Path) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(str(name_or_path), allow_patterns=["*.json", "*.safetensors", "*.bin", "*.md"]))
+        files = ["*.json", "*.safetensors", "*.bin", "*.pt", "*.md"]  # .pt: SGLang's token map
+        return Path(snapshot_download(str(name_or_path), allow_patterns=files))
     except Exception as e:  # network, auth, missing repo: one clear message
         raise FileNotFoundError(
             f"draft head {name_or_path!r} is not a local folder and could not be fetched from the Hub ({type(e).__name__}: {e})"
@@ -95,13 +106,14 @@ def load_head(name_or_path: str | Path, dtype: torch.dtype | None = None, device
     config_path = directory / "config.json"
     if not config_path.exists():
         raise FileNotFoundError(f"{directory}: no config.json")
-    cfg = DraftConfig.from_json(config_path)
+    cfg = DraftConfig.from_dict(read_config(config_path), config_path)
     if (directory / WEIGHTS).exists():
         state = load_file(str(directory / WEIGHTS))
     elif (directory / LEGACY_WEIGHTS).exists():
         state = torch.load(directory / LEGACY_WEIGHTS, map_location="cpu", weights_only=True)
     else:
         raise FileNotFoundError(f"{directory}: neither {WEIGHTS} nor {LEGACY_WEIGHTS}")
+    state = normalise_state(state, cfg, directory)
     draft_ids, stored_of = ids_from_stored(state, directory)
     if stored_of is not None and cfg.architecture == "eagle3" and "lm_head.weight" in state:
         state["lm_head.weight"] = state["lm_head.weight"][stored_of]  # back to in-memory (frequency) order

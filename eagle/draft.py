@@ -19,8 +19,7 @@ decoder and the trainer handle a deeper head's cache exactly like a one-layer he
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -90,9 +89,9 @@ class DraftConfig:
         )
 
     @classmethod
-    def from_json(cls, path: str | Path) -> "DraftConfig":
-        """Read our `config.json`, or the LlamaConfig-style one of EAGLE's published heads."""
-        raw = json.loads(Path(path).read_text())
+    def from_dict(cls, raw: dict, path: str | Path) -> "DraftConfig":
+        """The config of a parsed config.json, ours or EAGLE's LlamaConfig-style one (eagle/formats.py
+        flattens the other layouts); unknown keys are ignored, `path` names the file in errors."""
         known = set(cls.__dataclass_fields__)
         kwargs = {k: v for k, v in raw.items() if k in known}
         if "rope_parameters" in raw and "rope_theta" not in raw:  # transformers 5.x style
@@ -107,13 +106,10 @@ class DraftConfig:
         if "bias" in raw and "fc_bias" not in raw:  # EAGLE's key for the fc bias
             kwargs["fc_bias"] = bool(raw["bias"])
         if "architecture" not in raw and _is_authors_eagle3(raw):
-            kwargs.update(architecture="eagle3", fc_bias=False, feature_layers=[])
+            kwargs.update(architecture="eagle3", fc_bias=False, feature_layers=kwargs.get("feature_layers", []))
         if kwargs.get("architecture", "eagle2") not in ("eagle2", "eagle3"):
             raise ValueError(f"{path}: architecture {kwargs['architecture']!r} is neither eagle2 nor eagle3")
         return cls(**kwargs)
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), indent=2, sort_keys=True) + "\n"
 
     def llama_config(self) -> LlamaConfig:
         """The LlamaConfig that sizes the reused HF pieces (MLP, norm, rotary embedding)."""
@@ -237,7 +233,7 @@ class DraftHead(nn.Module):
         self.layers = nn.ModuleList([DraftLayer(cfg, norm_input=i > 0) for i in range(cfg.num_hidden_layers)])
         self._rope = DraftRope(cfg)
         # Target ids the draft may propose, most frequent first ([N] long), or None = all.
-        # Saved by eagle.checkpoint as EAGLE-3's d2t/t2d, so not part of state_dict().
+        # Saved by eagle.checkpoint in draft_vocab.json (eagle/formats.py), so not part of state_dict().
         self.register_buffer("draft_ids", None, persistent=False)
 
     def forward(

@@ -116,8 +116,10 @@ def test_exported_head_reproduces_trained_module(tiny, tmp_path):
         assert torch.equal(head(feats, embeds, pos)[0], module(feats, embeds, pos)[0])
     card = (result.head_dir / "README.md").read_text()
     assert "EaModel.from_pretrained" in card and "top1" in card and str(tiny[0]) in card
-    assert sorted(p.name for p in result.head_dir.iterdir()) == ["README.md", "config.json", "model.safetensors"]
-    assert set(load_file(str(result.head_dir / "model.safetensors"))) == set(head.state_dict()) | {"d2t", "t2d", "draft_rank"}
+    assert sorted(p.name for p in result.head_dir.iterdir()) == ["README.md", "config.json", "draft_vocab.json",
+                                                                  "model.safetensors"]
+    assert set(load_file(str(result.head_dir / "model.safetensors"))) == set(head.state_dict())
+    assert "## Serve" in card
     assert head.draft_ids is not None and head.draft_ids.numel() > 0  # training tokens, most frequent first
     assert list((tmp_path / "wandb").glob("offline-run-*")), "wandb offline run under output_dir"
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
+from eagle.formats import FORMATS
+
 
 @dataclass
 class TrainConfig:
@@ -25,6 +27,7 @@ class TrainConfig:
     ttt_detach: bool = True  # no gradient from a pass into the previous one
     init_lm_head: bool = False  # EAGLE-3: start lm_head/norm from the target's (rows of the draft vocabulary)
     head: str = "eagle2"  # eagle2 | eagle3 (set by the `head` config group)
+    fc_bias: bool = True  # EAGLE-1/2: fc has a bias (EAGLE's, SGLang's); false for a head vLLM can serve
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay: float = 0.0
     warmup_steps: int = 2000  # steps of a one-process run; N ranks advance the schedule N per step (as EAGLE's)
@@ -73,6 +76,7 @@ class HubConfig:
     repo_id: str | None = None
     private: bool = False
     endpoint: str | None = None
+    format: str = "eagle"  # the layout pushed: eagle | vllm | sglang | speculators (eagle/formats.py)
 
 
 SCHEMAS = {"train": TrainConfig, "wandb": WandbConfig, "hub": HubConfig}
@@ -107,4 +111,6 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise ValueError(f"wandb.mode={cfg.wandb.mode!r}: expected online, offline, disabled or null")
     if cfg.hub.push and not cfg.hub.repo_id:
         raise ValueError("hub.push=true needs hub.repo_id=NAME")
+    if cfg.hub.format not in FORMATS:
+        raise ValueError(f"hub.format={cfg.hub.format!r}: choose one of {', '.join(FORMATS)}")
     return cfg

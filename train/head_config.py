@@ -2,6 +2,7 @@
 
 - EAGLE-1/2 (`head=eagle2`): one decoder layer over the target's last hidden state, sized like
   the target's layers; a fine-tune (`train.init_head`) keeps its starting head's depth and MLP width.
+  `train.fc_bias=false` drops the fc bias, which vLLM's EAGLE-1 model has no place for.
 - EAGLE-3 (`head=eagle3`): fuses `model.feature_layers` minus the last one, has no fc bias and its
   own lm_head of `train.draft_vocab` rows (eagle/feature_layers.py).
 """
@@ -29,6 +30,7 @@ def draft_config(target_dir: Path, cfg: DictConfig, start: Head | None = None) -
         raise ValueError(f"train.head={kind!r}: choose the head with head=eagle2 or head=eagle3")
     draft = DraftConfig.from_target_config(AutoConfig.from_pretrained(target_dir), target=str(cfg.model.path),
                                            feature_layers=[LAST])
+    draft.fc_bias = bool(cfg.train.fc_bias)
     if kind == "eagle2" and start is not None:  # fine-tuning keeps the start's shape
         draft.num_hidden_layers = start.config.num_hidden_layers
         draft.intermediate_size = start.config.intermediate_size

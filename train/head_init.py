@@ -29,7 +29,12 @@ def initial_head(config: DraftConfig, start: Head | None = None, start_name: str
     if (s.hidden_size, s.vocab_size) != (config.hidden_size, config.vocab_size):
         raise ValueError(f"train.init_head={start_name}: head for hidden {s.hidden_size} / vocab {s.vocab_size}, "
                          f"target has {config.hidden_size} / {config.vocab_size}")
-    head.load_state_dict(start.state_dict())
+    state = start.state_dict()
+    if not config.fc_bias and state.pop("fc.bias", None) is not None:
+        log.info("train.fc_bias=false: the starting head's fc bias is dropped")
+    elif config.fc_bias and "fc.bias" not in state:
+        state["fc.bias"] = torch.zeros_like(head.fc.bias)
+    head.load_state_dict(state)
     log.info("initialised the head from %s", start_name)
     return head
 

@@ -1,20 +1,26 @@
-"""Upload an exported head to the Hugging Face Hub.
+"""Write an exported head in a serving engine's layout, and upload it to the Hugging Face Hub.
 
-    python -m train.publish checkpoints/runs/NAME/head --repo-id USER/eagle-NAME [--private]
+    python -m train.publish checkpoints/runs/NAME/head --format sglang             # writes .../head-sglang
+    python -m train.publish checkpoints/runs/NAME/head --repo-id USER/eagle-NAME [--format vllm] [--private]
 
-Uses huggingface_hub's create_repo + upload_folder. The endpoint is HF_ENDPOINT (or
---endpoint); the token is HF_TOKEN or the one saved by `hf auth login`. Failures (no token,
-no network, refused) end in one line, not a traceback.
+`--format` is one of eagle/formats.py's layouts (eagle, vllm, sglang, speculators); the folder
+written gets a model card with that engine's serve command. Uploads use huggingface_hub's
+create_repo + upload_folder. The endpoint is HF_ENDPOINT (or --endpoint); the token is HF_TOKEN
+or the one saved by `hf auth login`. Failures (no token, no network, refused, a layout the head
+cannot take) end in one line, not a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import tempfile
 from pathlib import Path
 
+from eagle.formats import FORMATS
+
 REQUIRED = ("config.json", "model.safetensors")
-UPLOADED = ["*.json", "*.safetensors", "*.md"]
+UPLOADED = ["*.json", "*.safetensors", "*.md", "*.pt"]
 
 
 class PublishError(RuntimeError):
@@ -29,12 +35,43 @@ def check_head_dir(directory: str | Path) -> Path:
     return directory
 
 
+def convert(directory: str | Path, fmt: str, out: str | Path, repo_id: str | None = None,
+            embedding_from: str | None = None) -> Path:
+    """The head of `directory` written to `out` in layout `fmt`, its card given the serve commands."""
+    from eagle.checkpoint import load_head, save_head
+    from eagle.formats import FormatError
+    from train.export import serving_card
+
+    directory = check_head_dir(directory)
+    head = load_head(directory)
+    card_path = directory / "README.md"
+    card = serving_card(card_path.read_text() if card_path.exists() else "", head, fmt, repo_id)
+    extra = _target_embedding(embedding_from) if embedding_from else None
+    try:
+        return save_head(out, head, dtype=next(head.parameters()).dtype, card=card, fmt=fmt, extra=extra)
+    except FormatError as e:
+        raise PublishError(f"{directory} as {fmt}: {e}") from None
+
+
+def _target_embedding(base: str) -> dict:
+    """{"embed_tokens.weight": the target's input embedding}, for consumers that want it in the head."""
+    from eagle.targets import load_target, resolve_target
+
+    target = load_target(resolve_target(base), None)
+    return {"embed_tokens.weight": target.get_input_embeddings().weight.detach()}
+
+
 def publish(directory: str | Path, repo_id: str, private: bool = False, endpoint: str | None = None,
-            token: str | None = None, commit_message: str = "Upload EAGLE draft head") -> str:
-    """create_repo (exist_ok) + upload_folder; return the repo URL. Raises PublishError."""
+            token: str | None = None, commit_message: str = "Upload EAGLE draft head", fmt: str | None = None) -> str:
+    """create_repo (exist_ok) + upload_folder, of the head in layout `fmt` (None: as it is);
+    return the repo URL. Raises PublishError."""
     from huggingface_hub import HfApi, get_token
 
     directory = check_head_dir(directory)
+    if fmt is not None and fmt != _format_of(directory):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = convert(directory, fmt, Path(tmp) / "head", repo_id)
+            return publish(out, repo_id, private, endpoint, token, commit_message)
     token = token or get_token()
     if not token:
         raise PublishError("no Hugging Face token: set HF_TOKEN or run `hf auth login` (needs write access)")
@@ -48,6 +85,12 @@ def publish(directory: str | Path, repo_id: str, private: bool = False, endpoint
     return str(url)
 
 
+def _format_of(directory: Path) -> str:
+    import json
+
+    return json.loads((directory / "config.json").read_text()).get("format", "eagle")
+
+
 def _one_line(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0] if text else ''}"
@@ -56,14 +99,30 @@ def _one_line(e: Exception) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m train.publish", description=__doc__.splitlines()[0])
     parser.add_argument("ckpt_dir", help="an exported head folder (config.json + model.safetensors)")
-    parser.add_argument("--repo-id", required=True, help="USER/NAME on the Hub")
+    parser.add_argument("--repo-id", default=None, help="USER/NAME on the Hub (without it: only write the folder)")
+    parser.add_argument("--format", default=None, choices=FORMATS,
+                        help="serving layout (default: the folder's own); eagle/formats.py says what each holds")
+    parser.add_argument("--out", default=None, help="where to write the converted folder (default: CKPT_DIR-FORMAT)")
+    parser.add_argument("--embedding-from", default=None, metavar="BASE",
+                        help="speculators: also store the target's embedding (its own model does not take it "
+                             "from the verifier)")
     parser.add_argument("--private", action="store_true")
     parser.add_argument("--endpoint", default=None, help="Hub URL (default: HF_ENDPOINT or the public Hub)")
     parser.add_argument("--message", default="Upload EAGLE draft head")
     args = parser.parse_args(argv)
+    if args.repo_id is None and args.format is None:
+        parser.error("say --format NAME (write a folder), --repo-id USER/NAME (upload), or both")
     try:
+        if args.repo_id is None or args.out or args.embedding_from:
+            out = args.out or f"{str(args.ckpt_dir).rstrip('/')}-{args.format}"
+            written = convert(args.ckpt_dir, args.format or _format_of(Path(args.ckpt_dir)), out, args.repo_id,
+                              args.embedding_from)
+            print(written)
+            if args.repo_id is None:
+                return 0
+            args.ckpt_dir, args.format = written, None
         url = publish(args.ckpt_dir, args.repo_id, private=args.private, endpoint=args.endpoint,
-                      commit_message=args.message)
+                      commit_message=args.message, fmt=args.format)
     except PublishError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -49,7 +49,8 @@ def run(cfg: DictConfig):
         if cfg.hub.push and not result.stopped:
             from train.publish import publish
 
-            url = publish(result.head_dir, cfg.hub.repo_id, private=cfg.hub.private, endpoint=cfg.hub.endpoint)
+            url = publish(result.head_dir, cfg.hub.repo_id, private=cfg.hub.private, endpoint=cfg.hub.endpoint,
+                          fmt=cfg.hub.format)
             print(f"pushed {result.head_dir} to {url}", file=sys.stderr)
     return result
 

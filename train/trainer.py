@@ -293,7 +293,7 @@ class Trainer:
         if self.rank == 0:
             card = model_card(self.card_info(train_metrics, eval_metrics), self.cfg.hub.repo_id)
             export_head(head_dir, state, self.draft_config, card, getattr(torch, self.cfg.train.export_dtype),
-                        self.vocab.stored())
+                        self.vocab.stored(), self.cfg.hub.repo_id)
         dist.barrier()
         return head_dir
 

