@@ -41,7 +41,7 @@ def main(spec_dir: str, eagle_dir: str, verifier: str, out_path: str) -> None:
     }
     model.load_verifier_weights()  # the embedding (and verifier norm/lm_head) the export leaves out
     target = load_file(str(Path(verifier) / "model.safetensors"))
-    report["embedding_from_verifier"] = torch.equal(model.embed_tokens.weight.detach().to(torch.float32),
+    report["embedding_is_targets"] = torch.equal(model.embed_tokens.weight.detach().to(torch.float32),
                                                     target["model.embed_tokens.weight"].to(torch.float32))
     with tempfile.TemporaryDirectory() as tmp:
         Eagle3Converter().convert(eagle_dir, tmp, base_model=verifier, validate=False)
