@@ -7,6 +7,7 @@ import hydra
 from omegaconf import DictConfig
 
 from data_prep.conversations import DataError
+from data_prep.lock import Busy
 from data_prep.pipeline import prepare
 from data_prep.plan import make_plan
 from data_prep.resolvers import register_resolvers
@@ -23,15 +24,15 @@ def main(cfg: DictConfig) -> None:
             print("\n".join(make_plan(cfg).lines()))
             return
         path = prepare(cfg)
-    except (DataError, FileNotFoundError, ValueError, OutOfSpace) as e:
+    except (DataError, FileNotFoundError, ValueError, OutOfSpace, Busy) as e:
         sys.exit(f"error: {e}")
     print(path)
 
 
 if __name__ == "__main__":
-    from data_prep.presets import unknown_model
+    from data_prep.presets import ignored_key, unknown_model
 
-    if message := unknown_model(sys.argv[1:]):
+    if message := unknown_model(sys.argv[1:]) or ignored_key(sys.argv[1:]):
         sys.exit(message)
     register_resolvers()
     main()

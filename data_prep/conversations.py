@@ -15,6 +15,7 @@ and contains at least one non-empty assistant turn.
 
 from __future__ import annotations
 
+import codecs
 import glob
 import json
 from collections import Counter
@@ -185,21 +186,88 @@ def _hub_file(source: str) -> Path:
 
 def _records(path: Path | str, label: str, split: str, report: ReadReport) -> Iterator[tuple[int, dict]]:
     if isinstance(path, Path) and path.is_file():
+        encoding = file_encoding(path)
         with open(path, "rb") as f:
-            head = f.read(4096).lstrip()
-        if head.startswith(b"["):
-            yield from _json_array(path, label, report)
+            head = f.read(4096).decode(encoding, errors="ignore").lstrip("\ufeff \t\r\n")
+        if head.startswith("["):
+            yield from _json_array(path, label, report, encoding)
         else:
-            yield from _jsonl(path, label)
+            yield from _jsonl(path, label, report, encoding)
     else:
         yield from _hf_dataset(str(path), label, split)
 
 
-def _json_array(path: Path, label: str, report: ReadReport, chunk: int = 1 << 20) -> Iterator[tuple[int, dict]]:
+BOMS = ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe\x00\x00", "utf-32"), (b"\x00\x00\xfe\xff", "utf-32"),
+        (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16"))
+
+
+def file_encoding(path: Path) -> str:
+    """UTF-8, or the UTF-8/16/32 its byte-order mark names (a BOM is no fault of the data)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    return next((encoding for bom, encoding in BOMS if head.startswith(bom)), "utf-8")
+
+
+class _Text:
+    """A file read as text in chunks, with the byte offset of a decoding error in the message."""
+
+    def __init__(self, f, label: str, encoding: str):
+        self.f, self.label, self.encoding = f, label, encoding
+        # UTF-8: undecodable bytes pass as lone surrogates, so the record and field holding them
+        # can be named (`undecodable`); other encodings fail here, at a byte offset
+        self.decoder = codecs.getincrementaldecoder(encoding)("surrogateescape" if encoding.startswith("utf-8")
+                                                               else "strict")
+        self.consumed = 0  # bytes read before the current chunk
+
+    def read(self, size: int, index: int | None) -> str:
+        raw = self.f.read(size)
+        try:
+            text = self.decoder.decode(raw, final=not raw)
+        except UnicodeDecodeError as e:
+            raise encoding_error(self.label, index, self.encoding, self.consumed + e.start, e) from None
+        self.consumed += len(raw)
+        return text
+
+
+CONVERT = ("convert the file to UTF-8 first, e.g. `iconv -f latin1 -t utf-8 FILE > FILE.utf8` "
+           "(or -f cp1252, whichever it was written in)")
+
+
+def encoding_error(label: str, index: int | None, encoding: str, offset: int, e: UnicodeDecodeError) -> DataError:
+    byte = e.object[e.start:e.start + 1].hex()
+    return DataError(label, index, "", f"not {encoding} text: byte 0x{byte} at byte offset {offset} ({e.reason}); "
+                     f"{CONVERT}")
+
+
+def check_decoded(record: dict, label: str, index: int) -> None:
+    """Refuse a record holding bytes that were not UTF-8 (read as lone surrogates), naming the field."""
+    found = _undecodable(record, "")
+    if found is not None:
+        path, text = found
+        bad = next(c for c in text if "\udc80" <= c <= "\udcff")
+        context = text[max(0, text.index(bad) - 12):text.index(bad)].encode("utf-8", "replace").decode()
+        raise DataError(label, index, path.lstrip("."), f"not UTF-8 text: byte 0x{ord(bad) - 0xdc00:02x} after "
+                        f"{context!r}; {CONVERT}")
+
+
+def _undecodable(value, path: str) -> tuple[str, str] | None:
+    if isinstance(value, str):
+        return (path, value) if any("\udc80" <= c <= "\udcff" for c in value) else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _undecodable(item, f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]")
+        if found:
+            return found
+    return None
+
+
+def _json_array(path: Path, label: str, report: ReadReport, encoding: str = "utf-8",
+                chunk: int = 1 << 20) -> Iterator[tuple[int, dict]]:
     """Stream the elements of a JSON array; a truncated tail is counted, not fatal."""
     decoder = json.JSONDecoder()
-    with open(path, encoding="utf-8") as f:
-        buf, eof = f.read(chunk), False
+    with open(path, "rb") as raw:
+        f = _Text(raw, label, encoding)
+        buf, eof = f.read(chunk, 0).lstrip("\ufeff"), False
         pos = _skip_ws(buf, 0)
         if buf[pos:pos + 1] != "[":
             raise DataError(label, None, "", "expected a JSON array")
@@ -216,14 +284,15 @@ def _json_array(path: Path, label: str, report: ReadReport, chunk: int = 1 << 20
                 if not _incomplete(e, buf, margin=8 if eof else 64):
                     raise DataError(label, index, "", f"invalid JSON at character {offset + e.pos}: {e.msg}") from None
                 if eof:
-                    report.truncated, report.truncated_bytes = True, len(buf[pos:].encode("utf-8"))
+                    report.truncated, report.truncated_bytes = True, len(buf[pos:].encode("utf-8", "surrogateescape"))
                     return
-                more = f.read(chunk)
+                more = f.read(chunk, index)
                 eof = not more
                 offset, buf, pos = offset + pos, buf[pos:] + more, 0
                 continue
             if not isinstance(record, dict):
                 raise DataError(label, index, "", f"expected an object, got {type(record).__name__}")
+            check_decoded(record, label, index)
             yield index, record
             index, pos = index + 1, end
 
@@ -245,20 +314,37 @@ def _incomplete(e: json.JSONDecodeError, buf: str, margin: int) -> bool:
     return e.msg.startswith("Unterminated string") or e.pos >= len(buf.rstrip()) - margin
 
 
-def _jsonl(path: Path, label: str) -> Iterator[tuple[int, dict]]:
-    with open(path, encoding="utf-8") as f:
-        index = 0
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise DataError(f"{label} line {lineno}", index, "", f"invalid JSON: {e.msg}") from None
-            if not isinstance(record, dict):
-                raise DataError(f"{label} line {lineno}", index, "", f"expected an object, got {type(record).__name__}")
-            yield index, record
-            index += 1
+def _jsonl(path: Path, label: str, report: ReadReport, encoding: str = "utf-8") -> Iterator[tuple[int, dict]]:
+    """Records of a JSONL file; a last line cut short (no newline, not JSON) is counted as a truncated tail."""
+    if encoding.startswith("utf-8"):  # line by line in bytes
+        lines = _utf8_lines(path)
+    else:  # UTF-16/32: newlines are multi-byte, let Python's text layer split them
+        lines = enumerate(open(path, encoding=encoding), 1)
+    index, pending = 0, next(lines, None)
+    while pending is not None:
+        (lineno, line), pending = pending, next(lines, None)
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            if pending is None and not line.endswith("\n"):  # an interrupted export: keep what is whole
+                report.truncated = True
+                report.truncated_bytes = len(line.encode("utf-8", "surrogateescape"))
+                return
+            raise DataError(f"{label} line {lineno}", index, "", f"invalid JSON: {e.msg}") from None
+        if not isinstance(record, dict):
+            raise DataError(f"{label} line {lineno}", index, "", f"expected an object, got {type(record).__name__}")
+        check_decoded(record, f"{label} line {lineno}", index)
+        yield index, record
+        index += 1
+
+
+def _utf8_lines(path: Path) -> Iterator[tuple[int, str]]:
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            line = raw.decode("utf-8", "surrogateescape")  # bad bytes: named with their field by check_decoded
+            yield lineno, line.lstrip("\ufeff") if lineno == 1 else line
 
 
 def _hf_dataset(name: str, label: str, split: str) -> Iterator[tuple[int, dict]]:

@@ -21,8 +21,9 @@ import torch
 from tqdm import tqdm
 
 from data_prep import distributed
-from data_prep.conversations import Conversation, expand_sources, read_conversations
+from data_prep.conversations import Conversation, DataError, expand_sources, read_conversations
 from data_prep.features import compute_records
+from data_prep.lock import exclusive
 from data_prep.plan import check_fits, make_plan
 from data_prep.reuse import Donors, link_shard
 from data_prep.store import (
@@ -56,11 +57,17 @@ class Job:
 
 
 def prepare(cfg) -> Path:
-    """Build (or finish) the feature store at `cfg.store_dir`; return its path."""
+    """Build (or finish) the feature store at `cfg.store_dir`; return its path. One job at a time
+    writes a store (data_prep/lock.py)."""
     out = Path(cfg.store_dir).expanduser()
     out.mkdir(parents=True, exist_ok=True)
     rank, world = distributed.init()
     distributed.check_shared(out, "store_dir")  # before any rank acts on what it finds there
+    with exclusive(out, "data_prep store", take=rank == 0):
+        return _prepare(cfg, out, rank, world)
+
+
+def _prepare(cfg, out: Path, rank: int, world: int) -> Path:
     manifest = read_manifest(out)
     key = config_key(cfg)
     if manifest is not None and manifest.get("config_key") != key:
@@ -112,6 +119,8 @@ def _job(cfg, out: Path, rank: int, world: int) -> Job:
     conversations, report = read_conversations(cfg.data.source, cfg.data.limit, cfg.data.get("split", "train"),
                                               int(cfg.data.get("offset") or 0))
     source = report.as_dict()
+    if not conversations:
+        raise_nothing_kept(report)
     if report.truncated:
         log.warning("%s is truncated: recovered %d whole records, dropped the last %d bytes (one partial record)",
                     report.source, report.read, report.truncated_bytes)
@@ -123,7 +132,17 @@ def _job(cfg, out: Path, rank: int, world: int) -> Job:
         source["regenerated"] = True
         if before > len(conversations):
             source["skipped"]["first prompt too long to regenerate"] = before - len(conversations)
+        if not conversations:
+            report.skipped["first prompt too long to regenerate"] += before
+            raise_nothing_kept(report)
     return Job(out, target_dir, tokenizer, conversations, source, _target_info(cfg, target_dir), rank, world)
+
+
+def raise_nothing_kept(report) -> None:
+    """A store of zero records is refused before anything is written, with what was read and why it was skipped."""
+    skipped = ", ".join(f"{n} {reason}" for reason, n in report.skipped.most_common()) or "none"
+    raise DataError(report.source, None, "", f"no usable conversation: read {report.read}, kept 0; skipped by "
+                    f"reason: {skipped}. A conversation needs a user turn and a non-empty assistant reply")
 
 
 def _target_info(cfg, target_dir: Path) -> dict:
@@ -197,10 +216,26 @@ def _tokenize(tokenizer, chunk: list[Conversation], max_len: int) -> tuple[list[
 
 def _finished(out: Path, manifest: dict | None, shards: list[int]) -> dict[int, dict]:
     """Manifest entries of the finished shards among `shards`: the entry an earlier run recorded
-    when it lists the file, else read (and hashed) from the file now."""
+    when it lists the file, else read (and hashed) from the file now. A shard whose file no longer
+    parses (cut or overwritten since) is deleted, to be written again; a full re-hash of every
+    shard is `python -m data_prep.check_store`."""
     recorded = {e["file"]: e for e in (manifest or {}).get("shards", [])}
-    done = [k for k in shards if (out / shard_name(k)).exists()]
+    done = [k for k in shards if (out / shard_name(k)).exists() and _whole(out / shard_name(k))]
     return {k: recorded.get(shard_name(k)) or shard_entry(out / shard_name(k)) for k in done}
+
+
+def _whole(path: Path) -> bool:
+    """Does the shard parse as safetensors, with its data covering the file exactly? If not, delete it."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            f.get_slice("offsets")
+        return True
+    except Exception as e:  # SafetensorError: header cut, sizes that do not cover the file, bad JSON
+        log.warning("%s is damaged (%s): writing it again", path, str(e).splitlines()[0] if str(e) else type(e).__name__)
+        path.unlink()
+        return False
 
 
 def _manifest(cfg, job: Job, key: str, n_shards: int, complete: bool) -> dict:

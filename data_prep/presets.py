@@ -1,7 +1,9 @@
-"""The model presets of conf/model/ and a one-line error for an unknown `+model=NAME`.
+"""Command-line checks before Hydra composes: an unknown `+model=NAME`, a key data_prep ignores.
 
 Hydra reports a missing config file with a multi-line message from inside its composition;
 the entry points check `+model=NAME` first, so a typo gets one line that lists the choices.
+The config is shared with the trainer, so `python -m data_prep output_dir=DIR` composes fine
+and would silently do nothing with DIR: data_prep refuses the trainer's keys by name.
 """
 
 from __future__ import annotations
@@ -23,4 +25,22 @@ def unknown_model(argv: list[str], conf: Path = CONF) -> str | None:
         if key == "model" and name and name not in presets:
             return (f"error: no model preset '{name}' (conf/model/{name}.yaml); choose one of "
                     f"{', '.join(presets)}, or add a file there for your target")
+    return None
+
+
+DATA_PREP_IGNORES = {  # key (or section) the trainer reads -> what a data_prep user meant
+    "output_dir": "store_dir=DIR (where the feature store goes)",
+    "train": "nothing here: train.* configures python -m train",
+    "wandb": "nothing here: wandb.* configures python -m train",
+    "hub": "nothing here: hub.* configures python -m train",
+}
+
+
+def ignored_key(argv: list[str]) -> str | None:
+    """The error line for an override data_prep would compose and then never read, else None."""
+    for arg in argv:
+        key = arg.lstrip("+~").partition("=")[0]
+        meant = DATA_PREP_IGNORES.get(key) or DATA_PREP_IGNORES.get(key.partition(".")[0])
+        if meant and "=" in arg:
+            return f"error: python -m data_prep does not read {key}; did you mean {meant}?"
     return None

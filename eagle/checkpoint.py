@@ -107,12 +107,7 @@ def load_head(name_or_path: str | Path, dtype: torch.dtype | None = None, device
     if not config_path.exists():
         raise FileNotFoundError(f"{directory}: no config.json")
     cfg = DraftConfig.from_dict(read_config(config_path), config_path)
-    if (directory / WEIGHTS).exists():
-        state = load_file(str(directory / WEIGHTS))
-    elif (directory / LEGACY_WEIGHTS).exists():
-        state = torch.load(directory / LEGACY_WEIGHTS, map_location="cpu", weights_only=True)
-    else:
-        raise FileNotFoundError(f"{directory}: neither {WEIGHTS} nor {LEGACY_WEIGHTS}")
+    state = _read_weights(directory)
     state = normalise_state(state, cfg, directory)
     draft_ids, stored_of = ids_from_stored(state, directory)
     if stored_of is not None and cfg.architecture == "eagle3" and "lm_head.weight" in state:
@@ -135,6 +130,21 @@ def load_head(name_or_path: str | Path, dtype: torch.dtype | None = None, device
                          f"{'no' if draft_ids is None else len(draft_ids)} draft ids")
     head.draft_ids = draft_ids
     return head.to(device=device, dtype=dtype or next(iter(state.values())).dtype).eval()
+
+
+def _read_weights(directory: Path) -> dict[str, torch.Tensor]:
+    """model.safetensors (or EAGLE's pytorch_model.bin); a truncated or damaged file is one line."""
+    path = directory / WEIGHTS if (directory / WEIGHTS).exists() else directory / LEGACY_WEIGHTS
+    if not path.exists():
+        raise FileNotFoundError(f"{directory}: neither {WEIGHTS} nor {LEGACY_WEIGHTS}")
+    try:
+        if path.name == WEIGHTS:
+            return load_file(str(path))
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # safetensors' header errors, pickle/zip errors of a cut .bin
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ValueError(f"{path}: cannot read the weights ({type(e).__name__}: {first}); the file is damaged or "
+                         f"incomplete, download or export it again") from None
 
 
 def write_draft_vocab(directory: str | Path, ids: torch.Tensor) -> Path:

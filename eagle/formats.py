@@ -170,7 +170,12 @@ def write_side_files(directory: Path, side: dict[str, object]) -> None:
 
 def read_config(path: Path) -> dict:
     """config.json of any layout as the fields DraftConfig reads (speculators' nested one flattened)."""
-    raw = json.loads(path.read_text())
+    try:
+        raw = json.loads(path.read_text())
+    except (ValueError, UnicodeDecodeError) as e:  # truncated or not JSON
+        raise FormatError(f"{path}: not a JSON config ({e}); the head folder is damaged, export it again") from None
+    if not isinstance(raw, dict):
+        raise FormatError(f"{path}: expected a JSON object, got {type(raw).__name__}")
     if raw.get("speculators_model_type") is not None:
         return _from_speculators(raw, path)
     if "architecture" not in raw and "eagle_config" in raw:  # SGLang's convention, without our fields

@@ -299,9 +299,24 @@ class EaModel(nn.Module):
     def _start(self, method: str, input_ids: torch.Tensor, max_new_tokens: int, max_length: int):
         if input_ids.dim() != 2 or input_ids.shape[0] != 1:
             raise ValueError(f"batch size 1 only: input_ids must be [1, S], got {tuple(input_ids.shape)}")
+        self._check_prompt(input_ids, max_new_tokens)
         self.last_stats = GenerationStats(method, prompt_tokens=input_ids.shape[1])
         left = min(max_new_tokens, max_length - input_ids.shape[1])
         return self.last_stats, TokenBudget(left, self.eos_ids)
+
+    def _check_prompt(self, input_ids: torch.Tensor, max_new_tokens: int) -> None:
+        """One-line errors for prompts the target cannot take (checked before any forward)."""
+        s, vocab = input_ids.shape[1], self.target.get_input_embeddings().weight.shape[0]
+        limit = getattr(self.target.config.get_text_config(), "max_position_embeddings", None)
+        if s == 0:
+            raise ValueError("input_ids is empty: a prompt needs at least one token (e.g. the BOS token)")
+        if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
+            raise ValueError(f"input_ids hold ids outside the target's vocabulary [0, {vocab}): "
+                             f"min {int(input_ids.min())}, max {int(input_ids.max())}")
+        if limit and s >= limit:
+            raise ValueError(f"the prompt has {s} tokens; the target takes at most {limit} positions")
+        if max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens={max_new_tokens}: use a number >= 0")
 
     @staticmethod
     def _emit(stats: GenerationStats, budget: TokenBudget, tokens: torch.Tensor, start: float) -> torch.Tensor:

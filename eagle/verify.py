@@ -11,6 +11,7 @@ both plain sampling (`naivegenerate`) and verification, so both sample the same 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -25,6 +26,14 @@ class SamplingParams:
     temperature: float = 0.0
     top_p: float = 0.0
     top_k: int = 0
+
+    def __post_init__(self) -> None:
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature={self.temperature}: use 0 for greedy decoding or a finite value > 0")
+        if not 0.0 <= self.top_p <= 1.0:  # NaN fails too
+            raise ValueError(f"top_p={self.top_p}: use a value in (0, 1], or 0 for no nucleus cut")
+        if int(self.top_k) != self.top_k or self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k}: use a whole number >= 0 (0 = no top-k cut)")
 
     @property
     def greedy(self) -> bool:

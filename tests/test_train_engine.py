@@ -20,13 +20,12 @@ from data_prep.distributed import free_port
 from data_prep.store import FeatureStore
 from eagle.checkpoint import load_head, write_draft_vocab
 from eagle.vocab import ranked_ids
-from tests.tiny import clean_env, tiny_llama, write_tiny_store
+from tests.tiny import ROOT, clean_env, tiny_llama, write_tiny_store
 from train.config import validate
 from train.trainer import Trainer
 from train.vocab import main as vocab_main
 from train.vocab import token_counts
 
-ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
 PY = sys.executable
 @pytest.fixture(scope="module")
@@ -360,3 +359,22 @@ def test_the_step_statistics_stay_on_the_models_device(tiny, tmp_path):
             dist.all_reduce, dist.get_world_size = real_all_reduce, get_world_size
     assert 0 <= metrics["top1"] <= 1 and metrics["feature_loss"] > 0
     assert reduced and all(d.type == "cuda" for d in reduced)
+
+
+def test_a_second_trainer_on_the_same_output_dir_stops_in_one_line(tiny, tmp_path):
+    from data_prep.lock import Busy
+    from train.run import run
+
+    out = tmp_path / "run"
+    holder = subprocess.Popen([sys.executable, "-c", "import time; from data_prep.lock import exclusive\n"
+                               f"with exclusive({str(out)!r}, 'training run'):\n"
+                               "    print('held', flush=True); time.sleep(60)"],
+                              cwd=ROOT, stdout=subprocess.PIPE, text=True, env=clean_env())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(Busy, match=rf"another training run \(pid {holder.pid}\)"):
+            run(make_cfg(tiny, out, "train.max_steps=1"))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert not (out / "checkpoints").exists()  # the refused trainer wrote nothing

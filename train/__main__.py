@@ -15,6 +15,7 @@ from data_prep.resolvers import register_resolvers
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from data_prep.conversations import DataError
+    from data_prep.lock import Busy
     from data_prep.store import OutOfSpace
     from train.publish import PublishError
     from train.run import run
@@ -28,7 +29,7 @@ def main(cfg: DictConfig) -> None:
             print("\n".join(make_plan(validate(cfg)).lines()))
             return
         run(cfg)
-    except (PublishError, DataError, OutOfSpace, FileNotFoundError, ValueError) as e:
+    except (PublishError, DataError, OutOfSpace, FileNotFoundError, ValueError, Busy) as e:
         if os.environ.get("EAGLE_TRACEBACK"):
             raise
         print(f"error: {e}  (EAGLE_TRACEBACK=1 shows where)", file=sys.stderr)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from pathlib import Path
 
 from omegaconf import DictConfig
 
 from data_prep import distributed
+from data_prep.lock import exclusive
 from data_prep.store import is_complete
 from train.config import validate
 from train.engine import init_distributed
@@ -42,8 +44,9 @@ def run(cfg: DictConfig):
 
     cfg = validate(cfg)
     ensure_store(cfg)
-    trainer = Trainer(cfg)
-    result = trainer.fit()
+    with exclusive(cfg.output_dir, "training run", take=int(os.environ.get("RANK", "0")) == 0):
+        trainer = Trainer(cfg)
+        result = trainer.fit()
     if trainer.rank == 0:
         _report(result)
         if cfg.hub.push and not result.stopped:

@@ -1,0 +1,45 @@
+"""One writer per folder: a store (data_prep) or a run (train) is written by one job at a time.
+
+`exclusive(folder, what)` holds an advisory lock on `folder/.lock` (fcntl.flock) while the block
+runs; a second job on the same folder stops at once with one line naming the holder's pid.
+The operating system drops the lock when its process dies, even by SIGKILL, so there are no
+stale locks to clean up. Only rank 0 of a multi-process job takes it; the other ranks follow
+rank 0 (data_prep/distributed.py).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+LOCK = ".lock"
+
+
+class Busy(RuntimeError):
+    """Another process holds the folder's lock."""
+
+
+@contextmanager
+def exclusive(folder: str | Path, what: str, take: bool = True) -> Iterator[None]:
+    """Hold folder/.lock for the block (`take=False`: a no-op, for ranks other than 0)."""
+    if not take:
+        yield
+        return
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            raise Busy(f"{folder}: another {what} (pid {holder}) is writing this {what.split()[-1]} folder; "
+                       f"wait for it, or choose another folder") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
