@@ -11,7 +11,6 @@ from data_prep.lock import Busy
 from data_prep.pipeline import prepare
 from data_prep.plan import make_plan
 from data_prep.resolvers import register_resolvers
-from data_prep.store import OutOfSpace
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
@@ -24,7 +23,7 @@ def main(cfg: DictConfig) -> None:
             print("\n".join(make_plan(cfg).lines()))
             return
         path = prepare(cfg)
-    except (DataError, FileNotFoundError, ValueError, OutOfSpace, Busy) as e:
+    except (DataError, ValueError, OSError, Busy) as e:  # OSError: a full disk, a folder it cannot write
         sys.exit(f"error: {e}")
     print(path)
 

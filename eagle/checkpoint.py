@@ -51,7 +51,6 @@ def save_head(
     check_format(fmt, head.config)
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
     state = {k: v.detach().to("cpu", dtype).contiguous() for k, v in head.state_dict().items()}
     if head.draft_ids is not None:
         state.update(stored_tensors(head.draft_ids, head.config.vocab_size))
@@ -59,11 +58,22 @@ def save_head(
             state["lm_head.weight"] = state["lm_head.weight"][state["draft_rank"]].contiguous()
     config, state, side = export_files(fmt, head.config, state, dtype)
     state.update({k: v.detach().to("cpu", dtype).contiguous() for k, v in (extra or {}).items()})
-    save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-    write_side_files(tmp, side)
-    if card is not None:
-        (tmp / "README.md").write_text(card)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
+    try:
+        save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+        write_side_files(tmp, side)
+        if card is not None:
+            (tmp / "README.md").write_text(card)
+    except BaseException:  # a full disk, an interrupt: no half-written export is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _swap_in(tmp, directory)
+    return directory
+
+
+def _swap_in(tmp: Path, directory: Path) -> None:
+    """Rename the finished export over `directory` (any earlier export is removed after)."""
     if directory.exists():
         old = directory.with_name(f".{directory.name}.old-{os.getpid()}")
         os.replace(directory, old)
@@ -71,7 +81,6 @@ def save_head(
         shutil.rmtree(old)
     else:
         os.replace(tmp, directory)
-    return directory
 
 
 def head_from_state(state: dict[str, torch.Tensor], config: DraftConfig, draft_ids: torch.Tensor | None = None) -> Head:

@@ -7,6 +7,7 @@ the table docs/reliability.md quotes.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -217,3 +218,77 @@ def test_a_second_data_prep_on_the_same_store_stops_in_one_line(tiny_dir, tmp_pa
     with exclusive(tmp_path / "store", "data_prep store"):  # the kill released it: no stale lock
         pass
     assert read_manifest(tmp_path / "store") is None  # the refused run wrote nothing
+
+
+# ---- kills at seeded points, and folders it cannot write ----------------------------------
+
+
+def _chats(path, n=10):
+    path.write_text("\n".join(json.dumps({"conversations": [
+        {"from": "human", "value": f"What is {i} times 7?"}, {"from": "gpt", "value": f"{7 * i}. " * (i + 2)}]})
+        for i in range(n)))
+    return path
+
+
+def _data_prep(tiny_dir, source, store):
+    return [sys.executable, "-m", "data_prep", "+model=smollm2_135m", f"model.path={tiny_dir}", "model.dtype=float32",
+            f"data.source={source}", "data.shard_records=2", "data.batch_tokens=128", f"store_dir={store}"]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_data_prep_killed_at_a_seeded_point_resumes_to_the_same_store(tiny_dir, tmp_path, seed):
+    import random
+    import signal
+    import time
+
+    source = _chats(tmp_path / "chats.jsonl")
+    whole = pipeline.prepare(_config(tiny_dir, source, tmp_path / "whole"))
+    rng = random.Random(seed)
+    shards_before_kill, extra_ms = rng.randrange(0, 4), rng.uniform(0, 150)
+    store = tmp_path / "cut"
+    proc = subprocess.Popen(_data_prep(tiny_dir, source, store), cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=clean_env())
+    try:
+        deadline = time.time() + 120
+        while proc.poll() is None and time.time() < deadline and len(list(store.glob("shard-*"))) < shards_before_kill:
+            time.sleep(0.01)
+        time.sleep(extra_ms / 1000)
+        assert proc.poll() is None, "the run ended before the kill point"
+        os.kill(proc.pid, signal.SIGKILL)  # alive: before its first shard, between shards or before its manifest
+    finally:
+        proc.wait(timeout=30)
+    for shard in store.glob("shard-*.safetensors"):  # whatever the kill left that looks whole, is whole
+        from safetensors import safe_open
+
+        with safe_open(str(shard), framework="pt"):
+            pass
+    done = subprocess.run(_data_prep(tiny_dir, source, store), cwd=ROOT, capture_output=True, text=True,
+                          env=clean_env(), timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert [s["sha256"] for s in read_manifest(store)["shards"]] == [s["sha256"] for s in read_manifest(whole)["shards"]]
+
+
+def test_a_store_folder_it_cannot_create_is_one_line(tiny_dir, tmp_path):
+    source = _chats(tmp_path / "chats.jsonl", 2)
+    (tmp_path / "a-file").write_text("not a folder")
+    proc = subprocess.run(_data_prep(tiny_dir, source, tmp_path / "a-file" / "store"), cwd=ROOT, capture_output=True,
+                          text=True, env=clean_env(), timeout=120)
+    assert proc.returncode != 0 and proc.stderr.strip().startswith("error: ")
+    assert len(proc.stderr.strip().splitlines()) == 1 and "a-file" in proc.stderr
+
+
+def test_an_export_interrupted_while_writing_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
+    from eagle import checkpoint
+
+    _, head = near_bigram_pair(2)
+    folder = save_head(tmp_path / "head", head, dtype=torch.float32)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "save_file", full_disk)
+    with pytest.raises(OSError, match="No space"):
+        save_head(folder, head, dtype=torch.bfloat16)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["head"]  # no temp folder left behind

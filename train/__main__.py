@@ -16,7 +16,6 @@ from data_prep.resolvers import register_resolvers
 def main(cfg: DictConfig) -> None:
     from data_prep.conversations import DataError
     from data_prep.lock import Busy
-    from data_prep.store import OutOfSpace
     from train.publish import PublishError
     from train.run import run
 
@@ -29,7 +28,7 @@ def main(cfg: DictConfig) -> None:
             print("\n".join(make_plan(validate(cfg)).lines()))
             return
         run(cfg)
-    except (PublishError, DataError, OutOfSpace, FileNotFoundError, ValueError, Busy) as e:
+    except (PublishError, DataError, OSError, ValueError, Busy) as e:  # OSError: full disk, unwritable folder
         if os.environ.get("EAGLE_TRACEBACK"):
             raise
         print(f"error: {e}  (EAGLE_TRACEBACK=1 shows where)", file=sys.stderr)
