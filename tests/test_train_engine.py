@@ -378,3 +378,32 @@ def test_a_second_trainer_on_the_same_output_dir_stops_in_one_line(tiny, tmp_pat
         holder.kill()
         holder.wait()
     assert not (out / "checkpoints").exists()  # the refused trainer wrote nothing
+
+
+def test_a_full_disk_in_the_middle_of_a_checkpoint_resumes_from_the_one_before(tiny, tmp_path, monkeypatch):
+    """ENOSPC while checkpoint step 4's file is half written: the run stops; `latest` still names
+    step 2, so the rerun resumes there and ends with the weights of an uninterrupted run."""
+    common = ("train.max_steps=6", "train.save_every=2", "train.keep_last=2", "deepspeed=zero0_fp32",
+              "train.export_dtype=float32")
+    Trainer(make_cfg(tiny, tmp_path / "a", *common)).fit()
+    real_save, calls = torch.save, []
+
+    def disk_fills(obj, f, *args, **kwargs):
+        calls.append(str(f))
+        if "step00000004" in str(f):
+            Path(f).write_bytes(b"PK\x03\x04 half a checkpoint")
+            raise OSError(28, "No space left on device")
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", disk_fills)
+    with pytest.raises(OSError, match="No space"):
+        Trainer(make_cfg(tiny, tmp_path / "b", *common)).fit()
+    assert (tmp_path / "b" / "checkpoints" / "latest").read_text().strip() == "step00000002"
+    assert any("step00000004" in c for c in calls)  # the partial checkpoint was begun
+    monkeypatch.setattr(torch, "save", real_save)
+    resumed = Trainer(make_cfg(tiny, tmp_path / "b", *common))
+    assert resumed.step == 2
+    resumed.fit()
+    a = load_file(str(tmp_path / "a" / "head" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "head" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
