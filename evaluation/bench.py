@@ -118,7 +118,11 @@ def main(argv=None) -> dict:
         questions = first_per_category(questions, args.per_category)
     for q in questions:
         q.turns = q.turns[: args.turns]
-    runs = benchmark(bench, questions, methods, progress=not args.no_progress)
+    try:
+        runs = benchmark(bench, questions, methods, progress=not args.no_progress)
+    finally:
+        for engine in bench.engines.values():
+            engine.close()
     table = summarize(runs)
     md = write_report(Path(args.out), args, bench, runs, table, methods)
     print(md)
@@ -153,7 +157,16 @@ def _bench(args, methods: list[str], paths: dict[str, str]) -> Bench:
     heads = {label: load_head(paths[label], dtype=dtype, device=target.device) for label in sorted(used)}
     assistant = load_target(resolve_target(args.assistant), dtype) if args.assistant else None
     return Bench(target, load_tokenizer(path, args.chat_template), heads, methods, assistant, args.max_new_tokens,
-                 tree_settings.from_arguments(args))
+                 tree_settings.from_arguments(args), _vllm_engines(args, methods, paths, path, dtype))
+
+
+def _vllm_engines(args, methods: list[str], paths: dict[str, str], target_dir, dtype) -> dict:
+    """One vLLM engine per vllm method (its own process and venv), started before any timing."""
+    from evaluation.vllm_engine import VLLM_METHODS, VllmEngine
+
+    heads = {"vllm": None, "vllm-eagle": paths["eagle2"], "vllm-eagle3": paths["eagle3"]}
+    return {m: VllmEngine(target_dir, heads[m], VLLM_METHODS[m], dtype, torch.get_num_threads())
+            for m in methods if m in VLLM_METHODS}
 
 
 def write_report(out: Path, args, bench: Bench, runs: list[Run], table: dict, methods: list[str]) -> str:
@@ -163,7 +176,8 @@ def write_report(out: Path, args, bench: Bench, runs: list[Run], table: dict, me
                  "draft_vocab": e.draft_vocab_size, "lookup": e.settings.lookup, "head": e.head.config.architecture,
                  "tuning": None if e.tuning is None else e.tuning.grid}
              for m, e in bench.eagle.items()}
-    meta = {"args": vars(args), "threads": torch.get_num_threads(), "torch": torch.__version__, "trees": trees}
+    meta = {"args": vars(args), "threads": torch.get_num_threads(), "torch": torch.__version__, "trees": trees,
+            "vllm": {m: {"version": e.version, "startup_seconds": e.startup_seconds} for m, e in bench.engines.items()}}
     (out / "results.json").write_text(json.dumps({"meta": meta, "summary": table,
                                                   "runs": [asdict(r) for r in runs]}, indent=1, default=str))
     md = markdown(table, methods)

