@@ -292,3 +292,27 @@ def test_an_export_interrupted_while_writing_leaves_the_earlier_one_whole(tmp_pa
         save_head(folder, head, dtype=torch.bfloat16)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["head"]  # no temp folder left behind
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_an_export_killed_at_a_seeded_point_never_leaves_a_folder_that_looks_whole(tmp_path, seed):
+    """A process re-exporting a head in a loop is SIGKILLed at a seeded moment: the folder named
+    like the head is absent or loads whole; leftovers are only dot-named temp folders."""
+    import random
+    import signal
+    import time
+
+    code = ("import torch\nfrom tests.tiny import near_bigram_pair\nfrom eagle.checkpoint import save_head\n"
+            "_, head = near_bigram_pair(2)\nprint('go', flush=True)\n"
+            f"while True:\n    save_head({str(tmp_path / 'head')!r}, head, dtype=torch.float32)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True, env=clean_env())
+    try:
+        assert proc.stdout.readline().strip() == "go"
+        time.sleep(random.Random(seed).uniform(0.05, 0.6))
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    visible = [p.name for p in tmp_path.iterdir() if not p.name.startswith(".")]
+    assert visible in ([], ["head"])
+    if visible:
+        load_head(tmp_path / "head")  # whole

@@ -21,6 +21,7 @@ from data_prep.store import FeatureStore
 from eagle.checkpoint import load_head, write_draft_vocab
 from eagle.vocab import ranked_ids
 from tests.tiny import ROOT, clean_env, tiny_llama, write_tiny_store
+from train.checkpoints import step_tag
 from train.config import validate
 from train.trainer import Trainer
 from train.vocab import main as vocab_main
@@ -187,30 +188,43 @@ def test_two_nodes_sharing_a_folder_train_and_resume(tiny, tmp_path):
 
 
 @pytest.mark.slow
-def test_resume_after_sigkill(tiny, tmp_path):
-    """A run killed with SIGKILL continues from its latest checkpoint with train.resume=auto."""
+@pytest.mark.parametrize("seed", range(2))
+def test_resume_after_sigkill(tiny, tmp_path, seed):
+    """A run SIGKILLed at a seeded point (after a seeded checkpoint, plus a seeded delay) continues
+    from its latest checkpoint with train.resume=auto and ends with an uninterrupted run's weights."""
+    import random
     import signal
     import time
 
-    args = [PY, "-m", "train", *overrides(tiny, tmp_path, "train.max_steps=40", "train.save_every=5")]
-    proc = subprocess.Popen(args, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env())
-    latest = tmp_path / "checkpoints" / "latest"
+    rng = random.Random(seed)
+    after, delay = step_tag(rng.randrange(6, 28, 3)), rng.uniform(0, 0.3)
+    common = ("train.max_steps=40", "train.save_every=3", "deepspeed=zero0_fp32", "train.export_dtype=float32")
+    Trainer(make_cfg(tiny, tmp_path / "straight", *common)).fit()
+    run_dir = tmp_path / "killed"
+    run_dir.mkdir()
+    args = [PY, "-m", "train", *overrides(tiny, run_dir, *common)]
+    proc = subprocess.Popen(args, cwd=run_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env())
+    latest = run_dir / "checkpoints" / "latest"
     deadline = time.time() + 180
     try:
         while time.time() < deadline and proc.poll() is None:
-            if latest.exists() and latest.read_text().strip() >= "step00000010":
+            if latest.exists() and latest.read_text().strip() >= after:
                 break
-            time.sleep(0.2)
+            time.sleep(0.05)
+        time.sleep(delay)
         assert proc.poll() is None, "the run ended before it could be killed"
         os.kill(proc.pid, signal.SIGKILL)
     finally:
         proc.wait(timeout=30)
     saved = int(latest.read_text().strip()[4:])
-    assert 10 <= saved < 40
-    out = subprocess.run(args, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=clean_env())
+    assert 6 <= saved < 40
+    out = subprocess.run(args, cwd=run_dir, capture_output=True, text=True, timeout=300, env=clean_env())
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"at step {saved}" in out.stdout + out.stderr  # Hydra's log handler writes to stdout
     assert "done: 40 steps" in out.stderr
+    a = load_file(str(tmp_path / "straight" / "head" / "model.safetensors"))
+    b = load_file(str(run_dir / "head" / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)
 
 
 def test_reduced_draft_vocabulary_and_init_head(tiny, tmp_path):
