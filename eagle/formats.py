@@ -43,7 +43,7 @@ VOCAB_KEYS = ("d2t", "t2d", "draft_rank")
 _ARCH = {  # (SGLang's EAGLE-1/2 layout?, architecture) -> config "architectures"
     (False, "eagle2"): "LlamaForCausalLM",  # EAGLE's published EAGLE-1/2 heads; vLLM prefixes "Eagle"
     (True, "eagle2"): "LlamaForCausalLMEagle",
-    (False, "eagle3"): "LlamaForCausalLMEagle3", (True, "eagle3"): "LlamaForCausalLMEagle3",
+    (False, "eagle3"): "LlamaForCausalLMEagle3",  # one layout for EAGLE, vLLM and SGLang
 }
 
 

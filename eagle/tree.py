@@ -58,6 +58,11 @@ class Tree:
         return kids
 
 
+def chain_choices(k: int) -> Choices:
+    """A plain chain of k drafted tokens as tree choices: [[0], [0, 0], ..., [0] * k]."""
+    return [[0] * d for d in range(1, k + 1)]
+
+
 def build_tree(tokens: torch.Tensor, parents: torch.Tensor) -> Tree:
     """Derive depths, ancestor mask and retrieve indices from tokens [N] and parents [N]."""
     parents = parents.to(torch.long).cpu()

@@ -28,6 +28,7 @@ from eagle.model import EaModel
 from eagle.settings import TreeSettings
 from eagle.targets import load_target, resolve_target
 from eagle.tokenizer import eos_token_ids, load_tokenizer
+from eagle.tree import chain_choices
 from evaluation.vllm_engine import PYTHON as VLLM_PYTHON
 from evaluation.vllm_engine import VllmEngine
 from train.judge import encode_prompts
@@ -71,13 +72,9 @@ def until_eos(ids: list[int], eos: set[int]) -> list[int]:
     return ids
 
 
-def chain(k: int) -> TreeSettings:
-    return TreeSettings(tree=[[0] * d for d in range(1, k + 1)])
-
-
 def ours(target, tokenizer, head_dir: Path, prompts: list[torch.Tensor], max_new: int, k: int):
     """Our decoder on the chain of k tokens: (outputs, τ)."""
-    model = EaModel(target, load_head(head_dir, dtype=target.dtype), tokenizer, chain(k))
+    model = EaModel(target, load_head(head_dir, dtype=target.dtype), tokenizer, TreeSettings(tree=chain_choices(k)))
     outputs, new, steps = [], 0, 0
     for ids in prompts:
         out = model.eagenerate(ids, temperature=0.0, max_new_tokens=max_new)

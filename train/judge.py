@@ -30,11 +30,11 @@ from eagle.model import EaModel
 from eagle.settings import TreeSettings
 from eagle.targets import load_target
 from eagle.tokenizer import chat_prompt, load_tokenizer
-from eagle.tree import Choices
+from eagle.tree import Choices, chain_choices
 
 log = logging.getLogger("train")
 
-CHAIN: Choices = [[0] * d for d in range(1, 6)]  # [[0], [0, 0], ..., [0, 0, 0, 0, 0]]
+CHAIN: Choices = chain_choices(5)
 # Fixed trees, not the tuned default: a head's τ must not depend on the machine that measures it.
 TREES: dict[str, TreeSettings] = {"tree": TreeSettings(total_token=24, depth=5, top_k=8),
                                   "chain": TreeSettings(tree=CHAIN)}
