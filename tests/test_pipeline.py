@@ -12,6 +12,8 @@ from data_prep import pipeline, store
 from data_prep.distributed import free_port
 from data_prep.store import FeatureStore, read_manifest
 from eagle.tokenizer import load_tokenizer
+from tests.tiny import crash_after
+from tests.tiny import data_prep_config as config
 
 CONF = str(Path(__file__).resolve().parents[1] / "conf")
 
@@ -28,14 +30,6 @@ def chats(tmp_path_factory):
         rows.append({"id": str(i), "conversations": turns})
     path.write_text("\n".join(json.dumps(r) for r in rows))
     return path
-
-
-def config(tiny_dir, chats, out, **extra):
-    overrides = ["+model=smollm2_135m", f"model.path={tiny_dir}", "model.dtype=float32", f"data.source={chats}",
-                 "data.shard_records=4", "data.batch_tokens=256", f"store_dir={out}"]
-    overrides += [f"{k}={v}" for k, v in extra.items()]
-    with initialize_config_dir(config_dir=CONF, version_base=None):
-        return compose(config_name="config", overrides=overrides)
 
 
 def test_store_counts_mask_and_features(tiny_dir, chats, tmp_path):
@@ -58,16 +52,8 @@ def test_store_counts_mask_and_features(tiny_dir, chats, tmp_path):
 
 def test_interrupted_run_resumes_and_matches(tiny_dir, chats, tmp_path, monkeypatch):
     whole = pipeline.prepare(config(tiny_dir, chats, tmp_path / "whole"))
-    calls = {"n": 0}
     real = pipeline.write_shard
-
-    def crash_after_two(*args, **kwargs):
-        if calls["n"] == 2:
-            raise KeyboardInterrupt
-        calls["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(pipeline, "write_shard", crash_after_two)
+    monkeypatch.setattr(pipeline, "write_shard", crash_after(real, 2))
     cfg = config(tiny_dir, chats, tmp_path / "cut")
     with pytest.raises(KeyboardInterrupt):
         pipeline.prepare(cfg)

@@ -13,7 +13,6 @@ import sys
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 from data_prep import pipeline
 from data_prep.conversations import DataError, read_conversations
@@ -21,7 +20,16 @@ from data_prep.store import read_manifest, shard_name
 from eagle.checkpoint import load_head, save_head
 from eagle.model import EaModel
 from tests.fuzz_inputs import KINDS, judge, make_case
-from tests.tiny import CONF, ROOT, TREES, clean_env, near_bigram_pair, prompt
+from tests.tiny import (
+    ROOT,
+    TREES,
+    clean_env,
+    crash_after,
+    data_prep_config,
+    lock_held_elsewhere,
+    near_bigram_pair,
+    prompt,
+)
 
 CASES_PER_KIND = 40
 
@@ -64,10 +72,7 @@ def test_a_byte_order_mark_is_accepted(tmp_path, encoding, suffix):
 
 
 def _config(tiny_dir, source, out):
-    overrides = ["+model=smollm2_135m", f"model.path={tiny_dir}", "model.dtype=float32", f"data.source={source}",
-                 "data.shard_records=2", "data.batch_tokens=256", f"store_dir={out}"]
-    with initialize_config_dir(config_dir=str(CONF), version_base=None):
-        return compose(config_name="config", overrides=overrides)
+    return data_prep_config(tiny_dir, source, out, **{"data.shard_records": 2})
 
 
 def test_a_file_with_no_usable_conversation_is_an_error_not_an_empty_store(tiny_dir, tmp_path):
@@ -96,15 +101,8 @@ def test_a_shard_cut_after_an_interruption_is_written_again(tiny_dir, tmp_path, 
         {"from": "human", "value": f"What is {i} times 3?"}, {"from": "gpt", "value": f"{3 * i}, " * (i + 1)}]})
         for i in range(8)))
     whole = pipeline.prepare(_config(tiny_dir, path, tmp_path / "whole"))
-    real, calls = pipeline.write_shard, {"n": 0}
-
-    def crash_after_two(*args, **kwargs):
-        if calls["n"] == 2:
-            raise KeyboardInterrupt
-        calls["n"] += 1
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(pipeline, "write_shard", crash_after_two)
+    real = pipeline.write_shard
+    monkeypatch.setattr(pipeline, "write_shard", crash_after(real, 2))
     cfg = _config(tiny_dir, path, tmp_path / "cut")
     with pytest.raises(KeyboardInterrupt):
         pipeline.prepare(cfg)
@@ -204,17 +202,9 @@ def test_a_second_data_prep_on_the_same_store_stops_in_one_line(tiny_dir, tmp_pa
 
     path = tmp_path / "chats.jsonl"
     path.write_text(json.dumps(CHATS[1]))
-    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from data_prep.lock import exclusive\n"
-                               f"with exclusive({str(tmp_path / 'store')!r}, 'data_prep store'):\n"
-                               "    print('held', flush=True); time.sleep(60)"],
-                              cwd=ROOT, stdout=subprocess.PIPE, text=True, env=clean_env())
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with lock_held_elsewhere(tmp_path / "store", "data_prep store") as holder:
         with pytest.raises(Busy, match=rf"another data_prep store \(pid {holder.pid}\)"):
             pipeline.prepare(_config(tiny_dir, path, tmp_path / "store"))
-    finally:
-        holder.kill()
-        holder.wait()
     with exclusive(tmp_path / "store", "data_prep store"):  # the kill released it: no stale lock
         pass
     assert read_manifest(tmp_path / "store") is None  # the refused run wrote nothing

@@ -20,7 +20,7 @@ from data_prep.distributed import free_port
 from data_prep.store import FeatureStore
 from eagle.checkpoint import load_head, write_draft_vocab
 from eagle.vocab import ranked_ids
-from tests.tiny import ROOT, clean_env, tiny_llama, write_tiny_store
+from tests.tiny import ROOT, clean_env, lock_held_elsewhere, tiny_llama, write_tiny_store
 from train.checkpoints import step_tag
 from train.config import validate
 from train.trainer import Trainer
@@ -379,17 +379,9 @@ def test_a_second_trainer_on_the_same_output_dir_stops_in_one_line(tiny, tmp_pat
     from train.run import run
 
     out = tmp_path / "run"
-    holder = subprocess.Popen([sys.executable, "-c", "import time; from data_prep.lock import exclusive\n"
-                               f"with exclusive({str(out)!r}, 'training run'):\n"
-                               "    print('held', flush=True); time.sleep(60)"],
-                              cwd=ROOT, stdout=subprocess.PIPE, text=True, env=clean_env())
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with lock_held_elsewhere(out, "training run") as holder:
         with pytest.raises(Busy, match=rf"another training run \(pid {holder.pid}\)"):
             run(make_cfg(tiny, out, "train.max_steps=1"))
-    finally:
-        holder.kill()
-        holder.wait()
     assert not (out / "checkpoints").exists()  # the refused trainer wrote nothing
 
 

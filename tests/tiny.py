@@ -8,6 +8,10 @@ sequences and writes its hidden states in the store format of data_prep.store.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -166,3 +170,43 @@ def write_tiny_store(
     source = {"data": "random tokens", "read": records, "kept": records, "skipped": {}}
     write_manifest(directory, new_manifest(target, source, shards, complete=True, chat_template_sha256=""))
     return directory
+
+
+def data_prep_config(target_dir, source, store, **extra):
+    """The composed data_prep config over a tiny target folder: fp32, shards of 4, `extra` overrides last."""
+    from hydra import compose, initialize_config_dir
+
+    overrides = ["+model=smollm2_135m", f"model.path={target_dir}", "model.dtype=float32", f"data.source={source}",
+                 "data.shard_records=4", "data.batch_tokens=256", f"store_dir={store}"]
+    overrides += [f"{k}={v}" for k, v in extra.items()]
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        return compose(config_name="config", overrides=overrides)
+
+
+def crash_after(real, n: int):
+    """`real` wrapped to raise KeyboardInterrupt at its call n + 1: a run interrupted after n calls."""
+    calls = {"n": 0}
+
+    def wrapper(*args, **kwargs):
+        if calls["n"] == n:
+            raise KeyboardInterrupt
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    return wrapper
+
+
+@contextmanager
+def lock_held_elsewhere(folder: Path, what: str) -> Iterator[subprocess.Popen]:
+    """Another process holds data_prep.lock's lock on `folder` for the block (yielded: its pid names
+    it); killed after, which is what releases the lock."""
+    code = ("import time; from data_prep.lock import exclusive\n"
+            f"with exclusive({str(folder)!r}, {what!r}):\n    print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                              env=clean_env())
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
