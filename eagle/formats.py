@@ -35,6 +35,7 @@ from pathlib import Path
 import torch
 
 from eagle.draft import DraftConfig
+from eagle.vocab import ids_from_stored, stored_tensors
 
 FORMATS = ("eagle", "vllm", "sglang", "speculators")
 DRAFT_VOCAB = "draft_vocab.json"  # {"target_ids": [...]}: the draft vocabulary, most frequent first
@@ -77,9 +78,9 @@ def export_files(fmt: str, cfg: DraftConfig, state: dict[str, torch.Tensor], dty
     state = dict(state)
     side: dict[str, object] = {}
     if "d2t" in state:
+        by_frequency, _ = ids_from_stored(state, "the export")
         ids = state["d2t"] + torch.arange(state["d2t"].numel())  # [N] ascending target ids
-        rank = state.pop("draft_rank", None)  # no engine has a place for it
-        by_frequency = ids if rank is None else ids[torch.argsort(rank)]
+        state.pop("draft_rank", None)  # no engine has a place for it
         side[DRAFT_VOCAB] = {"target_ids": by_frequency.tolist()}
         if cfg.architecture == "eagle2":  # EAGLE's, vLLM's and SGLang's EAGLE-1/2 models have no d2t/t2d
             del state["d2t"], state["t2d"]
@@ -225,10 +226,7 @@ def normalise_state(state: dict[str, torch.Tensor], cfg: DraftConfig, directory:
     if ids is not None:
         if "d2t" in out and not torch.equal(torch.sort(ids).values, out["d2t"] + torch.arange(out["d2t"].numel())):
             raise FormatError(f"{directory}: {DRAFT_VOCAB} and the d2t of the weights name different tokens")
-        t2d = torch.zeros(cfg.vocab_size, dtype=torch.bool)
-        t2d[ids] = True
-        ordered = torch.sort(ids).values
-        out.update(d2t=ordered - torch.arange(ids.numel()), t2d=t2d, draft_rank=torch.argsort(ids))
+        out.update(stored_tensors(ids, cfg.vocab_size))
     return out
 
 
