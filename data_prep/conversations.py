@@ -267,7 +267,7 @@ def _json_array(path: Path, label: str, report: ReadReport, encoding: str = "utf
     decoder = json.JSONDecoder()
     with open(path, "rb") as raw:
         f = _Text(raw, label, encoding)
-        buf, eof = f.read(chunk, 0).lstrip("\ufeff"), False
+        buf, eof = f.read(chunk, 0), False  # the decoder of a BOM's encoding drops the BOM
         pos = _skip_ws(buf, 0)
         if buf[pos:pos + 1] != "[":
             raise DataError(label, None, "", "expected a JSON array")
@@ -319,7 +319,7 @@ def _jsonl(path: Path, label: str, report: ReadReport, encoding: str = "utf-8") 
     if encoding.startswith("utf-8"):  # line by line in bytes
         lines = _utf8_lines(path)
     else:  # UTF-16/32: newlines are multi-byte, let Python's text layer split them
-        lines = enumerate(open(path, encoding=encoding), 1)
+        lines = _text_lines(path, label, encoding)
     index, pending = 0, next(lines, None)
     while pending is not None:
         (lineno, line), pending = pending, next(lines, None)
@@ -338,6 +338,16 @@ def _jsonl(path: Path, label: str, report: ReadReport, encoding: str = "utf-8") 
         check_decoded(record, f"{label} line {lineno}", index)
         yield index, record
         index += 1
+
+
+def _text_lines(path: Path, label: str, encoding: str) -> Iterator[tuple[int, str]]:
+    lineno = 0
+    try:
+        with open(path, encoding=encoding) as f:
+            for lineno, line in enumerate(f, 1):
+                yield lineno, line
+    except UnicodeDecodeError as e:  # e.g. a UTF-16 file cut at an odd byte
+        raise DataError(f"{label} line {lineno + 1}", None, "", f"not {encoding} text ({e.reason}); {CONVERT}") from None
 
 
 def _utf8_lines(path: Path) -> Iterator[tuple[int, str]]:

@@ -306,3 +306,12 @@ def test_an_export_killed_at_a_seeded_point_never_leaves_a_folder_that_looks_who
     assert visible in ([], ["head"])
     if visible:
         load_head(tmp_path / "head")  # whole
+
+
+def test_a_utf16_jsonl_cut_at_an_odd_byte_is_one_line(tmp_path):
+    path = tmp_path / "chats.jsonl"
+    data = "\n".join(json.dumps(c, ensure_ascii=False) for c in CHATS).encode("utf-16")
+    path.write_bytes(data[:-1])
+    with pytest.raises(DataError, match=r"not utf-16 text") as e:
+        read_conversations(str(path))
+    assert str(path) in str(e.value) and "\n" not in str(e.value)
