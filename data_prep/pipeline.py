@@ -34,7 +34,7 @@ from data_prep.store import (
     write_manifest,
     write_shard,
 )
-from data_prep.template import TemplateError, template_hash, tokenize_conversation
+from data_prep.template import template_hash, tokenize_chunk
 from eagle.targets import load_target, resolve_target
 from eagle.tokenizer import load_tokenizer
 
@@ -78,7 +78,7 @@ def _prepare(cfg, out: Path, rank: int, world: int) -> Path:
     if manifest is not None and manifest.get("complete"):
         log.info("store %s is complete (%d records); nothing to do", out, manifest["records"])
         return out
-    job = _job(cfg, out, rank, world)
+    job = open_job(cfg, out, rank, world)
     plan = make_plan(cfg, job.tokenizer, job.conversations)  # before any target forward
     log.info("plan: %s", "; ".join(plan.lines()))
     check_fits(plan, written=sum(p.stat().st_size for p in out.glob("shard-*.safetensors")))
@@ -113,7 +113,9 @@ def config_key(cfg) -> str:
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _job(cfg, out: Path, rank: int, world: int) -> Job:
+def open_job(cfg, out: Path, rank: int, world: int) -> Job:
+    """The conversations a store of `cfg` is made of (read, and regenerated into out/regenerated when
+    data.regenerate is set), its tokenizer and target entry; no feature is computed."""
     target_dir = resolve_target(cfg.model.path)
     tokenizer = load_tokenizer(target_dir, cfg.model.chat_template)
     conversations, report = read_conversations(cfg.data.source, cfg.data.limit, cfg.data.get("split", "train"),
@@ -172,7 +174,7 @@ def _run_shards(cfg, job: Job, model, n_shards: int) -> dict:
     tokens, start = 0, time.perf_counter()
     for k in todo:
         chunk = job.conversations[k * R:(k + 1) * R]
-        tokenized, skipped = _tokenize(job.tokenizer, chunk, cfg.model.max_len)
+        tokenized, skipped = tokenize_chunk(job.tokenizer, chunk, cfg.model.max_len)
         donor = donors.find(tokenized, skipped)
         if donor is not None:
             link_shard(donor, job.out / shard_name(k))
@@ -197,21 +199,6 @@ def _run_shards(cfg, job: Job, model, n_shards: int) -> dict:
         log.info("reused %d of %d shards from data.reuse", reused, len(todo))
     seconds = time.perf_counter() - start
     return {"tokens": tokens, "reused_shards": reused, "seconds": round(seconds, 3), "tokens_per_s": round(tokens / seconds, 1) if seconds else None}
-
-
-def _tokenize(tokenizer, chunk: list[Conversation], max_len: int) -> tuple[list[tuple[list[int], list[int]]], Counter]:
-    out, skipped = [], Counter()
-    for conv in chunk:
-        try:
-            t = tokenize_conversation(tokenizer, conv.messages, max_len)
-        except TemplateError:
-            skipped["chat template not prefix-stable"] += 1
-            continue
-        if not any(t.loss_mask):
-            skipped["no assistant tokens within max_len"] += 1
-            continue
-        out.append((t.input_ids, t.loss_mask))
-    return out, skipped
 
 
 def _finished(out: Path, manifest: dict | None, shards: list[int]) -> dict[int, dict]:

@@ -37,11 +37,11 @@ def shard_name(index: int) -> str:
 
 @dataclass
 class Record:
-    """One tokenized conversation and its target features."""
+    """One tokenized conversation and its target features (None: online training computes them)."""
 
     input_ids: torch.Tensor  # [S] int
     loss_mask: torch.Tensor  # [S] bool/uint8
-    hidden_states: torch.Tensor  # [S, H]
+    hidden_states: torch.Tensor | None  # [S, H]
     aux_hidden_states: torch.Tensor | None = None  # [S, K*H]
 
 

@@ -14,6 +14,7 @@ masked in (1); role headers, system and user text never are.
 from __future__ import annotations
 
 import hashlib
+from collections import Counter
 from dataclasses import dataclass
 
 
@@ -68,3 +69,20 @@ def tokenize_conversation(tokenizer, messages: list[dict], max_len: int) -> Toke
         inside = k < len(spans) and s < spans[k][1] and e > spans[k][0] and e > s
         mask.append(int(inside))
     return Tokenized(input_ids=list(ids), loss_mask=mask)
+
+
+def tokenize_chunk(tokenizer, chunk, max_len: int) -> tuple[list[tuple[list[int], list[int]]], Counter]:
+    """(input_ids, loss_mask) of each usable conversation of `chunk`, in order, and why the others were
+    skipped: what data_prep stores and what online training reads (data_prep/tokens.py)."""
+    out, skipped = [], Counter()
+    for conv in chunk:
+        try:
+            t = tokenize_conversation(tokenizer, conv.messages, max_len)
+        except TemplateError:
+            skipped["chat template not prefix-stable"] += 1
+            continue
+        if not any(t.loss_mask):
+            skipped["no assistant tokens within max_len"] += 1
+            continue
+        out.append((t.input_ids, t.loss_mask))
+    return out, skipped

@@ -24,6 +24,7 @@ from data_prep.conversations import read_conversations
 from data_prep.features import iter_batches
 from data_prep.resolvers import register_resolvers
 from data_prep.store import read_manifest
+from data_prep.template import tokenize_chunk
 from eagle.targets import load_target, resolve_target
 from eagle.tokenizer import load_tokenizer
 
@@ -36,7 +37,7 @@ def bare_forward_tokens_per_s(cfg: DictConfig) -> float:
     R = cfg.data.shard_records
     seqs_by_shard = []
     for k in range(-(-len(conversations) // R)):
-        tokenized, _ = pipeline._tokenize(tokenizer, conversations[k * R:(k + 1) * R], cfg.model.max_len)
+        tokenized, _ = tokenize_chunk(tokenizer, conversations[k * R:(k + 1) * R], cfg.model.max_len)
         seqs_by_shard.append([ids for ids, _ in tokenized])
     model = load_target(target_dir, cfg.model.dtype)
     decoder = model.get_decoder()

@@ -19,6 +19,7 @@ from eagle.formats import FORMATS
 class TrainConfig:
     """Optimizer, schedule, batching, loss, evaluation (held-out loss, τ) and checkpointing of one run."""
 
+    features: str = "store"  # store: read a data_prep store (made first when missing) | online: the target runs in the step
     lr: float = 3e-5
     init_head: str | None = None  # start from an exported head's weights (fine-tuning)
     draft_vocab: int | None = None  # token loss over the N most frequent training tokens (None: all; 32,768 above 65,536)
@@ -81,6 +82,7 @@ class HubConfig:
 
 SCHEMAS = {"train": TrainConfig, "wandb": WandbConfig, "hub": HubConfig}
 SCHEDULES = ("linear", "cosine", "constant")
+FEATURES = ("store", "online")  # train/features.py
 RESUME_HINT = "train.resume must be 'auto', 'none' or a checkpoint directory"
 
 
@@ -95,6 +97,8 @@ def validate(cfg: DictConfig) -> DictConfig:
         cfg[key] = merged
     OmegaConf.set_struct(cfg, True)
     t = cfg.train
+    if t.features not in FEATURES:
+        raise ValueError(f"train.features={t.features!r}: expected one of {FEATURES}")
     if t.schedule not in SCHEDULES:
         raise ValueError(f"train.schedule={t.schedule!r}: expected one of {SCHEDULES}")
     if not 0.0 <= t.eval_fraction < 1.0:

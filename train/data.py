@@ -17,11 +17,15 @@ import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch.utils.data import DataLoader, Dataset
 
 from data_prep.store import FeatureStore, Record
+
+if TYPE_CHECKING:
+    from data_prep.tokens import TokenRecords
 
 
 @dataclass
@@ -30,21 +34,19 @@ class Batch:
 
     input_ids: torch.Tensor  # [B, S] int64, pad 0
     loss_mask: torch.Tensor  # [B, S] bool, False on padding
-    hidden: torch.Tensor  # [B, S, H] store dtype, zeros on padding
+    hidden: torch.Tensor | None  # [B, S, H] store dtype, zeros on padding (None until online features fill it)
     lengths: torch.Tensor  # [B] int64
     aux: torch.Tensor | None = None  # [B, S, K*H] the extra layers (EAGLE-3 stores), zeros on padding
 
     def to(self, device) -> "Batch":
         """The tensors on `device` (lengths stay on the CPU: they only count pairs)."""
-        aux = None if self.aux is None else self.aux.to(device, non_blocking=True)
-        return Batch(self.input_ids.to(device), self.loss_mask.to(device), self.hidden.to(device, non_blocking=True),
-                     self.lengths, aux)
+        hidden, aux = (None if t is None else t.to(device, non_blocking=True) for t in (self.hidden, self.aux))
+        return Batch(self.input_ids.to(device), self.loss_mask.to(device), hidden, self.lengths, aux)
 
     def pin_memory(self) -> "Batch":
         """Page-locked copies (DataLoader calls this with pin_memory=True): asynchronous copies to a GPU."""
-        aux = None if self.aux is None else self.aux.pin_memory()
-        return Batch(self.input_ids.pin_memory(), self.loss_mask.pin_memory(), self.hidden.pin_memory(), self.lengths,
-                     aux)
+        hidden, aux = (None if t is None else t.pin_memory() for t in (self.hidden, self.aux))
+        return Batch(self.input_ids.pin_memory(), self.loss_mask.pin_memory(), hidden, self.lengths, aux)
 
     @property
     def num_pairs(self) -> int:
@@ -53,29 +55,32 @@ class Batch:
 
 
 def collate(records: Sequence[Record]) -> Batch:
-    """Pad records on the right into one Batch."""
+    """Pad records on the right into one Batch (records without features: hidden None)."""
     lengths = torch.tensor([len(r.input_ids) for r in records], dtype=torch.int64)
     b, s = len(records), int(lengths.max())
-    h = records[0].hidden_states.shape[-1]
     input_ids = torch.zeros(b, s, dtype=torch.int64)
     loss_mask = torch.zeros(b, s, dtype=torch.bool)
-    hidden = torch.zeros(b, s, h, dtype=records[0].hidden_states.dtype)
-    first_aux = records[0].aux_hidden_states
-    aux = None if first_aux is None else torch.zeros(b, s, first_aux.shape[-1], dtype=first_aux.dtype)
+    hidden, aux = (_zeros(b, s, [getattr(r, key) for r in records]) for key in ("hidden_states", "aux_hidden_states"))
     for i, r in enumerate(records):
         n = len(r.input_ids)
         input_ids[i, :n] = r.input_ids
         loss_mask[i, :n] = r.loss_mask.bool()
-        hidden[i, :n] = r.hidden_states
-        if aux is not None:
-            aux[i, :n] = r.aux_hidden_states
+        for padded, rows in ((hidden, r.hidden_states), (aux, r.aux_hidden_states)):
+            if padded is not None:
+                padded[i, :n] = rows
     return Batch(input_ids, loss_mask, hidden, lengths, aux)
 
 
-class RecordDataset(Dataset):
-    """Map-style view of a FeatureStore (records are read from the mmapped shards on access)."""
+def _zeros(b: int, s: int, parts: list[torch.Tensor | None]) -> torch.Tensor | None:
+    """[B, S, W] zeros in the dtype of `parts` ([S_i, W] each), or None when the records have none."""
+    return None if parts[0] is None else torch.zeros(b, s, parts[0].shape[-1], dtype=parts[0].dtype)
 
-    def __init__(self, store: FeatureStore):
+
+class RecordDataset(Dataset):
+    """Map-style view of a FeatureStore (records read from the mmapped shards on access) or of
+    TokenRecords (online training: tokens only)."""
+
+    def __init__(self, store: FeatureStore | TokenRecords):
         self.store = store
 
     def __len__(self) -> int:
@@ -161,7 +166,7 @@ def hash_seed(seed: int, epoch: int) -> int:
     return seed * 1_000_003 + epoch
 
 
-def loader(store: FeatureStore, batches: Iterator[list[int]] | list[list[int]], num_workers: int = 0,
+def loader(store: FeatureStore | TokenRecords, batches: Iterator[list[int]] | list[list[int]], num_workers: int = 0,
            pin_memory: bool = False) -> DataLoader:
     """A DataLoader that yields collated Batches for the given index lists, in order.
 
@@ -174,11 +179,12 @@ def loader(store: FeatureStore, batches: Iterator[list[int]] | list[list[int]], 
     )
 
 
-def loader_settings(num_workers: int | None, device: torch.device) -> tuple[int, bool]:
+def loader_settings(num_workers: int | None, device: torch.device, online: bool = False) -> tuple[int, bool]:
     """(workers, pin_memory) for train.num_workers on `device`: null means 4 workers with pinned
     memory on a GPU (a 7B target's micro-batch is 64-256 MB of features), none on a CPU, where
-    the training step and the loader share the same cores."""
+    the training step and the loader share the same cores, and none online, where a batch is
+    only token ids already in memory."""
     cuda = device.type == "cuda"
     if num_workers is None:
-        num_workers = 4 if cuda else 0
+        num_workers = 4 if cuda and not online else 0
     return num_workers, cuda

@@ -91,8 +91,17 @@ def _load_via_model(target_dir: Path, dtype: torch.dtype) -> Frozen:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype)
-    embed = model.get_input_embeddings().weight.detach()
-    lm_head = model.get_output_embeddings().weight.detach()
+    frozen = frozen_of(model, dtype)
+    return Frozen(frozen.embed.clone(), frozen.lm_head.clone(), None if frozen.norm is None else frozen.norm.clone())
+
+
+def frozen_of(model: torch.nn.Module, dtype: torch.dtype) -> Frozen:
+    """The matrices of a loaded target (online training's): views of its own weights when `dtype`
+    is the model's, so they take no second copy; tied embeddings stay one tensor."""
+    embed = model.get_input_embeddings().weight.detach()  # [V, H]
+    out = model.get_output_embeddings().weight.detach()  # [V, H]
+    tied = out.data_ptr() == embed.data_ptr()
     norm = getattr(model.get_decoder(), "norm", None)
-    return Frozen(embed=embed.clone(), lm_head=lm_head.clone(),
-                  norm=None if norm is None else norm.weight.detach().clone())
+    embed = embed.to(dtype)
+    return Frozen(embed=embed, lm_head=embed if tied else out.to(dtype),
+                  norm=None if norm is None else norm.weight.detach().to(dtype))

@@ -102,15 +102,16 @@ class Judge:
     @classmethod
     def from_target_dir(cls, target_dir: str | Path, texts: list[str], max_new_tokens: int = 64,
                         dtype: torch.dtype = torch.bfloat16, chat_template: str | None = None,
-                        device: torch.device | str = "cpu") -> Judge:
-        """Tokenize `texts` with the target's chat template now; load the target on first use."""
+                        device: torch.device | str = "cpu", target: nn.Module | None = None) -> Judge:
+        """Tokenize `texts` with the target's chat template now; load the target on first use (or use
+        `target`, already loaded in `dtype`: online training's)."""
         try:
             tokenizer = load_tokenizer(target_dir, chat_template)
         except (OSError, ValueError) as e:
             raise ValueError(f"{target_dir}: no usable tokenizer with a chat template, which τ on chat prompts "
                              f"needs (set train.tau_every=0 to turn it off): {str(e).splitlines()[0]}") from e
-        return cls(encode_prompts(tokenizer, texts), lambda: load_target(target_dir, dtype, device), max_new_tokens,
-                   tokenizer)
+        load = (lambda: target) if target is not None else (lambda: load_target(target_dir, dtype, device))
+        return cls(encode_prompts(tokenizer, texts), load, max_new_tokens, tokenizer)
 
     @property
     def target(self) -> nn.Module:

@@ -43,7 +43,8 @@ def run(cfg: DictConfig):
     from train.trainer import Trainer
 
     cfg = validate(cfg)
-    ensure_store(cfg)
+    if cfg.train.features == "store":  # online reads the conversations itself (train/features.py)
+        ensure_store(cfg)
     with exclusive(cfg.output_dir, "training run", take=int(os.environ.get("RANK", "0")) == 0):
         trainer = Trainer(cfg)
         result = trainer.fit()

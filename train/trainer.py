@@ -1,10 +1,10 @@
-"""The training loop: store -> batches -> DeepSpeed engine -> checkpoints -> exported head.
+"""The training loop: features -> batches -> DeepSpeed engine -> checkpoints -> exported head.
 
-    trainer = Trainer(cfg)   # process group, store, frozen target matrices, engine, resume
+    trainer = Trainer(cfg)   # process group, features (a store, or the live target), frozen matrices, engine, resume
     result = trainer.fit()   # train, evaluate, checkpoint, export output_dir/head
 
-What the loop trains and from where is decided outside it: the head's shape and the store
-check (train/head_config.py), its starting weights (train/head_init.py), the draft vocabulary
+What the loop trains and from where is decided outside it: where the features come from
+(train/features.py: a store, or the target online), the head's shape (train/head_config.py), its starting weights (train/head_init.py), the draft vocabulary
 (train/vocab.py), the losses (train/loss.py) and the batches (train/data.py).
 
 Evaluation: held-out loss and top-k every `eval_every` steps, and τ by real decoding of
@@ -32,7 +32,6 @@ from tqdm import tqdm
 import train.metrics as stats
 from data_prep import distributed
 from data_prep.prompts import held_back_prompts
-from data_prep.store import FeatureStore
 from eagle.checkpoint import load_head
 from eagle.targets import local_device, resolve_target
 from eagle.vocab import draft_vocab_size
@@ -40,8 +39,9 @@ from train.checkpoints import check_resumable, prune_checkpoints, resume_from, s
 from train.data import Batch, BatchPlan, length_batches, loader, loader_settings, split_indices
 from train.engine import build_engine, compute_dtype, ds_config, full_state_dict, init_distributed
 from train.export import CardInfo, export_head, model_card
-from train.frozen import Frozen, load_frozen
-from train.head_config import check_store, draft_config
+from train.features import open_features
+from train.frozen import Frozen, frozen_of, load_frozen
+from train.head_config import draft_config
 from train.head_init import initial_head, start_from_target
 from train.judge import Judge
 from train.loss import LossOutput, Pairs, eagle3_loss, eagle_loss, make_pairs, summarize, uniform_noise, vocab_target
@@ -73,19 +73,20 @@ class Trainer:
         self.output_dir = Path(cfg.output_dir)
         distributed.check_shared(self.output_dir, "output_dir")  # every rank decides alike whether to resume
         self.ckpt_dir = self.output_dir / CHECKPOINTS
-        self.store = FeatureStore(cfg.store_dir)
         self.target_dir = resolve_target(cfg.model.path)
+        self.device = local_device()  # DeepSpeed places the head on the same accelerator (online: the target too)
+        self.features = open_features(cfg, self.target_dir, self.device)
+        self.records = self.features.records  # FeatureStore | TokenRecords: the same records either way
         start = load_head(t.init_head, dtype=torch.float32) if t.init_head else None  # fine-tuning's starting head
         self.draft_config = draft_config(self.target_dir, cfg, start)
         self.eagle3 = self.draft_config.architecture == "eagle3"
-        check_store(self.store, str(cfg.store_dir), str(cfg.model.path), self.draft_config)
+        self.features.check(self.draft_config, str(cfg.model.path))
         self.ds_conf = ds_config(cfg)
         self.dtype = compute_dtype(self.ds_conf)
-        self.device = local_device()  # DeepSpeed places the head on the same accelerator
-        self.frozen: Frozen = load_frozen(self.target_dir, self.dtype).to(self.device)
-        self.lengths = self.store.lengths()
+        self.frozen: Frozen = self._frozen()
+        self.lengths = self.records.lengths()
         self.train_idx, self.eval_idx = split_indices(self.lengths, t.eval_fraction, cfg.seed)
-        counts = token_counts(self.store, self.train_idx, self.draft_config.vocab_size)  # [V]
+        counts = token_counts(self.records, self.train_idx, self.draft_config.vocab_size)  # [V]
         size = draft_vocab_size(t.draft_vocab, self.draft_config.vocab_size)  # large vocabularies: 32k by default
         self.vocab = TrainingVocabulary.choose(counts, size, self.eagle3, self.draft_config.draft_vocab_size,
                                                None if start is None else start.draft_ids)
@@ -107,6 +108,14 @@ class Trainer:
         self.tau_history: list[dict[str, float]] = []
         self._maybe_resume()
 
+    def _frozen(self) -> Frozen:
+        """embed/lm_head/norm in the compute dtype: online, the live target's own tensors when its dtype is
+        that one (no second copy); else read from the weight files."""
+        target = self.features.target
+        if target is not None and target.get_input_embeddings().weight.dtype == self.dtype:
+            return frozen_of(target, self.dtype)
+        return load_frozen(self.target_dir, self.dtype).to(self.device)
+
     def planned_batches(self, first_step: int, steps: int) -> Iterator[list[int]]:
         """The micro-batches (record indices) `fit` feeds optimizer steps first_step .. first_step+steps-1."""
         ga = self.cfg.train.grad_accum
@@ -115,8 +124,8 @@ class Trainer:
     # ---------------------------------------------------------------- steps
 
     def pairs(self, batch: Batch) -> Pairs:
-        """The batch's training pairs; an EAGLE-3 head reads the stored extra layers."""
-        batch = batch.to(self.device)
+        """The batch's training pairs (online: after the target's forward); an EAGLE-3 head reads the extra layers."""
+        batch = self.features.fill(batch.to(self.device))
         return make_pairs(batch.input_ids, batch.loss_mask, batch.hidden, batch.aux if self.eagle3 else None)
 
     def losses(self, preds: list[torch.Tensor], p: Pairs, full_vocab: bool = False, head=None) -> list[LossOutput]:
@@ -161,7 +170,7 @@ class Trainer:
         micro, window_start, step_start = self.step * ga, time.perf_counter(), time.perf_counter()
         step_pairs = 0
         self.engine.train()
-        for batch in loader(self.store, batches, *loader_settings(t.num_workers, self.device)):
+        for batch in loader(self.records, batches, *loader_settings(t.num_workers, self.device, self.features.target is not None)):
             out = self.micro_step(batch, micro)
             micro += 1
             step_pairs += batch.num_pairs
@@ -223,7 +232,7 @@ class Trainer:
         mine += [batches[0]] * (per_rank - real)  # ZeRO-3 gathers are collective: keep ranks in step
         sums = stats.zeros(self.device)
         self.engine.eval()
-        for i, batch in enumerate(loader(self.store, mine)):
+        for i, batch in enumerate(loader(self.records, mine)):
             p = self.pairs(batch)
             pred, _ = self.engine(p.features.to(self.dtype), self.frozen.embed_tokens(p.next_ids), p.position_ids)
             out = self.losses([pred], p, full_vocab=True)[0]
@@ -250,7 +259,7 @@ class Trainer:
         texts = held_back_prompts(t.tau_prompts, t.tau_num_prompts)
         dtype = getattr(torch, m.get("dtype") or "bfloat16")
         return Judge.from_target_dir(self.target_dir, texts, t.tau_max_new_tokens, dtype, m.get("chat_template"),
-                                     self.device)
+                                     self.device, target=self.features.target)  # online: the target already loaded
 
     # ---------------------------------------------------------------- checkpoints
 
@@ -269,8 +278,9 @@ class Trainer:
 
     def _store_identity(self) -> str:
         """What a checkpoint remembers of its data: the store's folder name (data, limit, regeneration,
-        length and layers) and its record count. A moved store keeps it; another selection does not."""
-        return f"{Path(str(self.cfg.store_dir)).name} ({len(self.store)} records)"
+        length and layers) and its record count. A moved store keeps it; another selection does not.
+        Online and offline runs of one selection read the same records, so a run may switch between them."""
+        return f"{Path(str(self.cfg.store_dir)).name} ({len(self.records)} records)"
 
     def _maybe_resume(self) -> None:
         where = resume_from(str(self.cfg.train.resume), self.ckpt_dir)
@@ -298,13 +308,12 @@ class Trainer:
         return head_dir
 
     def card_info(self, train_metrics: dict, eval_metrics: dict) -> CardInfo:
-        m = self.store.manifest
         metrics = {f"eval_{k}": v for k, v in eval_metrics.items()}
         metrics.update({f"train_{k}": v for k, v in train_metrics.items() if k != "tokens_per_s"})
         return CardInfo(
             target=str(self.cfg.model.path), target_name=str(self.cfg.model.name),
-            data=f"{self.cfg.data.name} ({self.cfg.store_dir})",
-            store_records=int(m.get("records", len(self.store))), store_tokens=int(m.get("tokens", 0)),
+            data=f"{self.cfg.data.name} ({self.features.describe()})",
+            store_records=len(self.records), store_tokens=self.features.tokens,
             steps=self.step, epochs=self.step / self.steps_per_epoch, metrics=metrics,
             config=OmegaConf.to_container(self.cfg.train, resolve=True), code_version=code_version(),
             head_layers=self.draft_config.num_hidden_layers,

@@ -1,0 +1,88 @@
+"""The store's records without their features: what online training reads (train.features=online).
+
+    records = token_records(cfg)   # every rank: the same records, in the store's order
+    records[i]                     # Record(input_ids [S], loss_mask [S], hidden_states=None)
+
+The records are the ones `prepare(cfg)` would write, in the same order: the same conversations
+(read, and regenerated through the same reply cache in store_dir/regenerated), cut into the same
+slices of `data.shard_records`, tokenized and masked by the same function
+(`data_prep.template.tokenize_chunk`). Slice k is tokenized by rank k mod world, as data_prep
+writes shard k, and every rank receives all of them. Nothing is written unless regeneration is on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from data_prep import distributed
+from data_prep.conversations import DataError
+from data_prep.lock import exclusive
+from data_prep.pipeline import open_job
+from data_prep.store import Record
+from data_prep.template import tokenize_chunk
+
+log = logging.getLogger("data_prep")
+
+
+class TokenRecords:
+    """Tokenized records in memory: the index side of a FeatureStore, with the same methods
+    the trainer reads tokens through (`tokens`, `lengths`, `__getitem__`)."""
+
+    def __init__(self, records: list[tuple[list[int], list[int]]], source: dict):
+        self.input_ids = [torch.tensor(ids, dtype=torch.int32) for ids, _ in records]  # [S_i] each
+        self.loss_masks = [torch.tensor(mask, dtype=torch.bool) for _, mask in records]  # [S_i] each
+        self.source = source  # read, kept, skipped by reason: a manifest's "source" entry
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    def lengths(self) -> list[int]:
+        return [len(ids) for ids in self.input_ids]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.lengths())
+
+    def tokens(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids [S] long and loss_mask [S] bool of record i."""
+        return self.input_ids[i].long(), self.loss_masks[i]
+
+    def __getitem__(self, i: int) -> Record:
+        input_ids, loss_mask = self.tokens(i)
+        return Record(input_ids, loss_mask, None)
+
+
+def token_records(cfg) -> TokenRecords:
+    """The records of `cfg`'s store, tokens and masks only. Every rank of the group calls it."""
+    rank, world = distributed.init()
+    out = Path(cfg.store_dir).expanduser()
+    start = time.perf_counter()
+    if cfg.data.regenerate:  # the reply cache lives in the store folder, written by one job at a time
+        out.mkdir(parents=True, exist_ok=True)
+        distributed.check_shared(out, "store_dir")
+        with exclusive(out, "data_prep store", take=rank == 0):
+            job = open_job(cfg, out, rank, world)
+    else:
+        job = open_job(cfg, out, rank, world)
+    size = int(cfg.data.shard_records)
+    n_slices = -(-len(job.conversations) // size)
+    mine = {k: tokenize_chunk(job.tokenizer, job.conversations[k * size:(k + 1) * size], int(cfg.model.max_len))
+            for k in range(rank, n_slices, world)}
+    slices = distributed.merged(mine)
+    records = [r for k in range(n_slices) for r in slices[k][0]]
+    skipped = Counter(job.source.get("skipped", {}))
+    for k in range(n_slices):
+        skipped.update(slices[k][1])
+    source = {**job.source, "skipped": dict(sorted(skipped.items())), "kept": len(records)}
+    if not records:
+        reasons = ", ".join(f"{n} {why}" for why, n in skipped.most_common())
+        raise DataError(str(cfg.data.source), None, "", f"no usable conversation after tokenization: read "
+                        f"{job.source.get('read')}, kept 0; skipped by reason: {reasons}")
+    log.info("online: %d records (%d tokens) tokenized in %.1f s over %d rank(s)", len(records),
+             sum(len(ids) for ids, _ in records), time.perf_counter() - start, world)
+    return TokenRecords(records, source)
