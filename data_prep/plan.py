@@ -14,6 +14,11 @@ cannot fit (one line), whether or not the plan was asked for.
 
 Store bytes per token: 4 (input id) + 1 (loss mask) + 2·H (bf16 feature) + 2·K·H (EAGLE-3's K
 extra layers): ~8 KB at H=4096 for EAGLE-2 and ~32 KB for EAGLE-3 (twice that in fp32).
+
+Both ways of feeding the trainer are costed, and one is recommended (`Choice`): the store
+(`train.features=store`: disk, one target pass in all) or online (`train.features=online`: no
+disk, one target forward per epoch, counted as 2 × parameters FLOPs per token against the
+head's training, 6 × head parameters + 4 × V_draft × H + 2 × V_target × H per token).
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class Plan:
     store_dir: Path
     free_bytes: int
     memory: dict[str, float] = field(default_factory=dict)  # GB per rank, by what holds it
+    choice: Choice | None = None  # store or online
 
     @property
     def store_bytes(self) -> int:
@@ -68,7 +74,38 @@ class Plan:
                f"store: {self.store_bytes / GB:,.2f} GB at {self.bytes_per_token:,} bytes per token in {self.store_dir}; "
                f"{self.free_bytes / GB:,.1f} GB free there{'' if self.fits else ': DOES NOT FIT'}"]
         out += [f"memory per rank, {k}: {v:,.1f} GB" for k, v in self.memory.items()]
-        return out
+        return out + (self.choice.lines(self) if self.choice else [])
+
+
+@dataclass
+class Choice:
+    """Offline store against online features for the planned training run."""
+
+    epochs: float
+    target_flops: float  # one target forward over all tokens (data_prep's pass, or one online epoch's)
+    head_flops: float  # one epoch of the head's training
+    online_gb: float  # device memory per rank online: the training figure + the target and its forward
+
+    def recommend(self, plan: Plan) -> tuple[str, str]:
+        if not plan.fits:
+            return "online", "the store does not fit on its disk"
+        if plan.store_bytes > plan.free_bytes / 2:
+            return "online", "the store would take more than half of the free disk"
+        if self.epochs <= 1:
+            return "online", "one epoch reads the features once: online costs the same target pass and no disk"
+        return "store", (f"it fits, and {self.epochs:g} epochs read it {self.epochs:g} times for one target pass; "
+                         f"online repeats that pass every epoch")
+
+    def lines(self, plan: Plan) -> list[str]:
+        per_epoch = (self.target_flops + self.head_flops) / self.head_flops
+        kind, why = self.recommend(plan)
+        return [f"option store (train.features=store): {plan.store_bytes / GB:,.2f} GB on disk, one target pass "
+                f"({self.target_flops / 1e15:,.1f} PFLOP) before training",
+                f"option online (train.features=online): no disk; a target forward in every step, "
+                f"+{self.target_flops / 1e15:,.1f} PFLOP per epoch over the head's {self.head_flops / 1e15:,.1f} "
+                f"({per_epoch:,.1f}x an offline epoch; {self.epochs:g} epochs), {self.online_gb:,.1f} GB device "
+                f"memory per rank with the target",
+                f"recommended: train.features={kind} ({why})"]
 
 
 def make_plan(cfg, tokenizer=None, conversations=None) -> Plan:
@@ -85,8 +122,11 @@ def make_plan(cfg, tokenizer=None, conversations=None) -> Plan:
     element = 4 if str(cfg.model.dtype) == "float32" else 2  # the store keeps features in the target's dtype
     per_token = 4 + 1 + element * sizes.hidden * (1 + len(fused_layers(layers)))
     store_dir = Path(str(cfg.store_dir)).expanduser()
-    return Plan(sizes, count, count_source, tokens, tokens_source, per_token, store_dir, _free(store_dir),
-                _memory(cfg, sizes, len(fused_layers(layers))))
+    memory = _memory(cfg, sizes, len(fused_layers(layers)))
+    plan = Plan(sizes, count, count_source, tokens, tokens_source, per_token, store_dir, _free(store_dir), memory)
+    if "train" in cfg:
+        plan.choice = _choice(cfg, sizes, tokens, len(fused_layers(layers)), memory)
+    return plan
 
 
 def check_fits(plan: Plan, written: int = 0) -> None:
@@ -197,9 +237,7 @@ def _memory(cfg, t: TargetSizes, extra_layers: int) -> dict[str, float]:
     weights = t.params * dtype_bytes
     prep_tokens = int(cfg.data.batch_tokens)
     prep_act = prep_tokens * (t.hidden * (4 + 2 * extra_layers) + t.intermediate * 2) * dtype_bytes
-    head = 2 * t.hidden * t.hidden + 4 * t.hidden * t.hidden + 3 * t.hidden * t.intermediate
-    if extra_layers:
-        head += (extra_layers - 1) * t.hidden * t.hidden + 2 * t.hidden * t.hidden
+    head = _head_params(t.hidden, t.intermediate, extra_layers)
     states = head * 18  # bf16 weights + fp32 master weights, grads and two Adam moments (ZeRO-2/3 shard the 16)
     batch = int(cfg.train.batch_tokens) if "train" in cfg else 8192
     frozen = 2 * t.vocab * t.hidden * 2
@@ -210,6 +248,30 @@ def _memory(cfg, t: TargetSizes, extra_layers: int) -> dict[str, float]:
             "data_prep device (target + a batch)": (weights + prep_act) / GB,
             f"train device (head {head / 1e6:.0f}M params + optimizer, frozen embed/lm_head, a micro-batch)":
                 (states + frozen + train_act) / GB}
+
+
+def _choice(cfg, t: TargetSizes, tokens: int, extra_layers: int, memory: dict[str, float]) -> Choice:
+    """The two ways to feed the trainer, costed for train.epochs (or max_steps x batch_tokens)."""
+    tr = cfg.train
+    epochs = float(tr.epochs)
+    if tr.get("max_steps"):
+        epochs = tr.max_steps * int(tr.batch_tokens) * int(tr.get("grad_accum") or 1) / max(1, tokens)
+    drafted = draft_vocab_size(tr.get("draft_vocab"), t.vocab) or t.vocab
+    head = _head_params(t.hidden, t.intermediate, extra_layers)
+    target_side = t.vocab if extra_layers else drafted  # the target distribution of the token loss, as in _memory
+    head_flops = tokens * (6 * head + 4 * drafted * t.hidden + 2 * target_side * t.hidden)
+    dtype_bytes = 4 if str(cfg.model.dtype) == "float32" else 2
+    forward = int(tr.batch_tokens) * (t.hidden * (4 + 2 * extra_layers) + t.intermediate * 2) * dtype_bytes
+    train_gb = next(v for k, v in memory.items() if k.startswith("train device"))
+    return Choice(round(epochs, 2), 2 * t.params * tokens, head_flops, train_gb + (t.params * dtype_bytes + forward) / GB)
+
+
+def _head_params(hidden: int, inter: int, extra_layers: int) -> int:
+    """One decoder layer over [feature, embedding] (fc 2H -> H); EAGLE-3 fuses its K layers first."""
+    head = 2 * hidden * hidden + 4 * hidden * hidden + 3 * hidden * inter
+    if extra_layers:
+        head += (extra_layers - 1) * hidden * hidden + 2 * hidden * hidden
+    return head
 
 
 def _param_count(vocab: int, hidden: int, layers: int, inter: int, tied: bool) -> float:

@@ -6,6 +6,10 @@ Runs the real Trainer (DeepSpeed engine, data loading, noise, loss, optimizer, m
 warmup + steps optimizer steps into a temporary output_dir, then times a plain torch
 forward + loss + backward of a fresh head (same dtype) on the very same micro-batches,
 already collated in memory. Prints both rates and their ratio (goal: >= 0.85).
+
+With train.features=online the bare loop runs the target's forward too (the trainer's own
+`features.fill`, one inference-mode forward per micro-batch) before the head's forward and
+backward: the ratio is then to "bare target forward + head forward/backward" (goal: >= 0.9).
 """
 
 from __future__ import annotations
@@ -28,10 +32,11 @@ from train.unroll import unrolled_forward
 
 
 def bare_tokens_per_s(trainer, batches: list[list[int]]) -> float:
-    """Pairs/s of forward + loss + backward of a plain head (no engine) over pre-collated batches."""
+    """Pairs/s of forward + loss + backward of a plain head (no engine) over pre-collated batches
+    (online: after the target's forward over each)."""
     t = trainer.cfg.train
     head = build_head(trainer.draft_config).to(trainer.device, trainer.dtype).train()
-    collated = [collate([trainer.store[i] for i in b]) for b in batches]
+    collated = [collate([trainer.records[i] for i in b]) for b in batches]
     pairs = sum(b.num_pairs for b in collated)
     gen = torch.Generator(device=trainer.device).manual_seed(0)
     start = time.perf_counter()
@@ -52,7 +57,8 @@ def measure(cfg: DictConfig, steps: int = 20, warmup: int = 3) -> dict[str, floa
     from train.trainer import Trainer
 
     cfg = validate(cfg)
-    ensure_store(cfg)
+    if cfg.train.features == "store":
+        ensure_store(cfg)
     with tempfile.TemporaryDirectory(prefix="eagle-throughput-") as out:
         with open_dict(cfg):
             cfg.output_dir = out
@@ -65,7 +71,7 @@ def measure(cfg: DictConfig, steps: int = 20, warmup: int = 3) -> dict[str, floa
         trainer_rate = sum(p for p, _ in timed) / sum(s for _, s in timed)
         bare_rate = bare_tokens_per_s(trainer, list(trainer.planned_batches(warmup, steps)))
     return {"trainer_tokens_per_s": trainer_rate, "bare_tokens_per_s": bare_rate, "ratio": trainer_rate / bare_rate,
-            "steps": steps, "dtype": str(trainer.dtype), "world_size": trainer.world}
+            "steps": steps, "dtype": str(trainer.dtype), "world_size": trainer.world, "features": str(cfg.train.features)}
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")

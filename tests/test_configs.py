@@ -101,3 +101,22 @@ def test_every_preset_plans_offline(model, monkeypatch, tmp_path):
         cfg = compose(config_name="config", overrides=[f"+model={model}", "data.limit=50", f"store_dir={tmp_path}"])
     plan = make_plan(cfg)
     assert plan.tokens > 0 and plan.bytes_per_token > 2 * plan.target.hidden and plan.memory
+
+
+def test_the_plan_costs_store_and_online_and_recommends_one(tmp_path):
+    """Vicuna-7B on all of ShareGPT: 675 GB of store against one target forward per epoch online. The
+    recommendation follows the disk: online when the store cannot fit, the store when it fits easily."""
+    from data_prep.plan import GB, make_plan
+
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose(config_name="config", overrides=["+model=vicuna7b", f"store_dir={tmp_path}"])
+    plan = make_plan(cfg)
+    text = "\n".join(plan.lines())
+    assert "option store (train.features=store): 674.85 GB" in text and "option online" in text
+    flops_7b = 2 * plan.target.params * plan.tokens  # one forward of 6.7B parameters over 88.4M tokens
+    assert plan.choice.target_flops == flops_7b and 3 < (flops_7b + plan.choice.head_flops) / plan.choice.head_flops < 12
+    assert plan.choice.epochs == 20 and plan.choice.online_gb > plan.target.params * 2 / GB
+    plan.free_bytes = 100 * plan.store_bytes
+    assert plan.choice.recommend(plan)[0] == "store"
+    plan.free_bytes = plan.store_bytes // 2
+    assert plan.choice.recommend(plan)[0] == "online" and "recommended: train.features=online" in plan.lines()[-1]

@@ -47,6 +47,14 @@ def cfg_for(tiny_dir, chats, store, out, *extra):
         return validate(compose(config_name="config", overrides=overrides))
 
 
+def cli_overrides(tiny_dir, chats, tmp_path, *extra) -> list[str]:
+    """`python -m train` arguments of an online run into tmp_path/run (tmp_path/store must stay unwritten)."""
+    return ["+model=smollm2_135m", f"model.path={tiny_dir}", "model.dtype=float32", f"data.source={chats}",
+            "data.shard_records=8", f"store_dir={tmp_path / 'store'}", f"output_dir={tmp_path / 'run'}",
+            "wandb.mode=disabled", "train.features=online", "train.batch_tokens=256", "train.progress=false",
+            "train.tau_every=0", "train.eval_fraction=0.2", *extra]
+
+
 @pytest.fixture(scope="module")
 def store(tiny_dir, chats, tmp_path_factory):
     """The offline store of the same settings: fp32 features, each record run through the target alone
@@ -148,3 +156,62 @@ def test_online_features_stay_on_the_models_device(tiny_dir, chats, store, tmp_p
         trainer.features.target.to(cuda)
         batch = trainer.features.fill(collate([trainer.records[i] for i in range(4)]).to(cuda))
     assert batch.hidden.device.type == "cuda" and batch.hidden.shape[:2] == batch.input_ids.shape
+
+
+def test_the_throughput_tool_times_online_against_a_bare_target_and_head(tiny_dir, chats, store, tmp_path):
+    from evaluation.train_throughput import measure
+
+    result = measure(cfg_for(tiny_dir, chats, store, tmp_path, "train.features=online"), steps=3, warmup=1)
+    assert result["features"] == "online" and result["trainer_tokens_per_s"] > 0 and result["bare_tokens_per_s"] > 0
+
+
+def test_cli_trains_online_without_a_store(tiny_dir, chats, tmp_path):
+    """`python -m train ... train.features=online`: no data_prep, no store folder, a head at the end."""
+    import subprocess
+    import sys
+
+    from tests.tiny import clean_env
+
+    args = cli_overrides(tiny_dir, chats, tmp_path, "train.max_steps=3")
+    out = subprocess.run([sys.executable, "-m", "train", *args], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=300, env=clean_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "done: 3 steps" in out.stderr and (tmp_path / "run" / "head" / "config.json").exists()
+    assert not (tmp_path / "store").exists()
+    card = (tmp_path / "run" / "head" / "README.md").read_text()
+    assert "online" in card
+
+
+@pytest.mark.slow
+def test_two_ranks_train_online_under_zero2(tiny_dir, chats, tmp_path):
+    """torchrun, 2 processes, gloo, ZeRO-2: each rank loads its own target, tokenizes half the slices and
+    gets all of them, and trains on its half of every epoch's batches."""
+    import subprocess
+    import sys
+
+    from data_prep.distributed import free_port
+    from tests.tiny import clean_env
+
+    args = cli_overrides(tiny_dir, chats, tmp_path, "deepspeed=zero2_bf16", "train.max_steps=4", "train.save_every=2")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
+           "-m", "train", *args]
+    out = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300,
+                         env=clean_env(OMP_NUM_THREADS="1"))
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "done: 4 steps" in out.stderr and "over 2 rank(s)" in out.stdout  # logging goes to stdout
+    assert len(list((tmp_path / "run" / "checkpoints" / "step00000004").glob("*optim_states.pt"))) == 2
+    assert not (tmp_path / "store").exists()
+
+
+def test_online_reads_regenerated_replies_from_the_reply_cache(tiny_dir, chats, tmp_path, monkeypatch):
+    """data.regenerate=true online: the replies come from store_dir/regenerated (written once, by either
+    mode), the features from the live target; the records are the regenerated store's."""
+    from data_prep import regenerate
+
+    regen = ("data.limit=6", "data.regenerate=true", "data.regen.max_new_tokens=8", "data.regen.batch_size=3")
+    where = tmp_path / "store"
+    pipeline.prepare(cfg_for(tiny_dir, chats, where, tmp_path / "unused", *regen))
+    monkeypatch.setattr(regenerate, "ReplyGenerator", None)  # a second generation would fail here
+    records, stored = token_records(cfg_for(tiny_dir, chats, where, tmp_path, *regen)), FeatureStore(where)
+    assert records.source["regenerated"] and records.lengths() == stored.lengths()
+    assert all(torch.equal(records.tokens(i)[0], stored.tokens(i)[0]) for i in range(len(stored)))
