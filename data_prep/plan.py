@@ -263,7 +263,8 @@ def _choice(cfg, t: TargetSizes, tokens: int, extra_layers: int, memory: dict[st
     dtype_bytes = 4 if str(cfg.model.dtype) == "float32" else 2
     forward = int(tr.batch_tokens) * (t.hidden * (4 + 2 * extra_layers) + t.intermediate * 2) * dtype_bytes
     train_gb = next(v for k, v in memory.items() if k.startswith("train device"))
-    return Choice(round(epochs, 2), 2 * t.params * tokens, head_flops, train_gb + (t.params * dtype_bytes + forward) / GB)
+    online_gb = train_gb + (t.params * dtype_bytes + forward) / GB
+    return Choice(round(epochs, 2), 2 * t.params * tokens, head_flops, online_gb)
 
 
 def _head_params(hidden: int, inter: int, extra_layers: int) -> int:

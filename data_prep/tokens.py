@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -29,13 +30,32 @@ from data_prep.template import tokenize_chunk
 log = logging.getLogger("data_prep")
 
 
+@dataclass
+class Packed:
+    """One slice's records as flat tensors (5 bytes a token): what ranks exchange and keep."""
+
+    input_ids: torch.Tensor  # [T] int32
+    loss_mask: torch.Tensor  # [T] bool
+    lengths: list[int]  # tokens per record, in order
+
+    @classmethod
+    def of(cls, records: list[tuple[list[int], list[int]]]) -> Packed:
+        return cls(torch.tensor([t for ids, _ in records for t in ids], dtype=torch.int32),
+                   torch.tensor([m for _, mask in records for m in mask], dtype=torch.bool),
+                   [len(ids) for ids, _ in records])
+
+    def records(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(input_ids, loss_mask) per record: views into the flat tensors."""
+        return list(zip(self.input_ids.split(self.lengths), self.loss_mask.split(self.lengths), strict=True))
+
+
 class TokenRecords:
     """Tokenized records in memory: the index side of a FeatureStore, with the same methods
     the trainer reads tokens through (`tokens`, `lengths`, `__getitem__`)."""
 
-    def __init__(self, records: list[tuple[list[int], list[int]]], source: dict):
-        self.input_ids = [torch.tensor(ids, dtype=torch.int32) for ids, _ in records]  # [S_i] each
-        self.loss_masks = [torch.tensor(mask, dtype=torch.bool) for _, mask in records]  # [S_i] each
+    def __init__(self, records: list[tuple[torch.Tensor, torch.Tensor]], source: dict):
+        self.input_ids = [ids for ids, _ in records]  # [S_i] int32 each
+        self.loss_masks = [mask for _, mask in records]  # [S_i] bool each
         self.source = source  # read, kept, skipped by reason: a manifest's "source" entry
 
     def __len__(self) -> int:
@@ -71,10 +91,13 @@ def token_records(cfg) -> TokenRecords:
         job = open_job(cfg, out, rank, world)
     size = int(cfg.data.shard_records)
     n_slices = -(-len(job.conversations) // size)
-    mine = {k: tokenize_chunk(job.tokenizer, job.conversations[k * size:(k + 1) * size], int(cfg.model.max_len))
-            for k in range(rank, n_slices, world)}
+    mine = {}
+    for k in range(rank, n_slices, world):
+        tokenized, skipped = tokenize_chunk(job.tokenizer, job.conversations[k * size:(k + 1) * size],
+                                            int(cfg.model.max_len))
+        mine[k] = (Packed.of(tokenized), skipped)  # flat tensors: Python int lists would cost ~36 bytes a token
     slices = distributed.merged(mine)
-    records = [r for k in range(n_slices) for r in slices[k][0]]
+    records = [r for k in range(n_slices) for r in slices[k][0].records()]
     skipped = Counter(job.source.get("skipped", {}))
     for k in range(n_slices):
         skipped.update(slices[k][1])

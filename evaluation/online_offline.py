@@ -35,7 +35,8 @@ def summarize(name: str, run: Path, report: Path, seconds: dict[str, float]) -> 
     tau = report / f"tau-{name}.json"
     if tau.exists():
         row["tau"] = {k: v for k, v in json.loads(tau.read_text()).items() if k.startswith("tau_")}
-    row["seconds"] = {k: v for k, v in seconds.items() if k == f"train_{name}" or (name == "offline" and k == "data_prep")}
+    mine = {f"train_{name}", *(("data_prep",) if name == "offline" else ())}
+    row["seconds"] = {k: v for k, v in seconds.items() if k in mine}
     return row
 
 
@@ -84,7 +85,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     report.mkdir(parents=True, exist_ok=True)
     seconds = {}
     if args.seconds and Path(args.seconds).exists():
-        seconds = {k: float(v) for k, v in (line.split() for line in Path(args.seconds).read_text().splitlines() if line)}
+        lines = Path(args.seconds).read_text().splitlines()
+        seconds = {k: float(v) for k, v in (line.split() for line in lines if line)}
     rows = [summarize(name, run, report, seconds) for name, run in runs.items()]
     plot(runs, report / "loss.png")
     (report / "summary.json").write_text(json.dumps(rows, indent=2) + "\n")

@@ -6,6 +6,7 @@ enters the DeepSpeed engine; a killed online run resumes with the same batches.
 """
 
 import json
+import os
 
 import pytest
 import torch
@@ -129,7 +130,8 @@ def test_the_target_stays_out_of_the_engine(tiny_dir, chats, store, tmp_path):
     assert all(torch.equal(before[k], v) for k, v in target.state_dict().items())
     assert trainer.frozen.embed.data_ptr() == target.get_input_embeddings().weight.data_ptr()
     saved = torch.load(next((tmp_path / "checkpoints" / "step00000002").glob("*model_states.pt")), weights_only=False)
-    assert sum(v.numel() for v in saved["module"].values()) == sum(p.numel() for p in trainer.engine.module.parameters())
+    head_size = sum(p.numel() for p in trainer.engine.module.parameters())
+    assert sum(v.numel() for v in saved["module"].values()) == head_size
 
 
 def test_an_eagle3_head_trains_online(tiny_dir, chats, tmp_path):
@@ -215,3 +217,45 @@ def test_online_reads_regenerated_replies_from_the_reply_cache(tiny_dir, chats, 
     records, stored = token_records(cfg_for(tiny_dir, chats, where, tmp_path, *regen)), FeatureStore(where)
     assert records.source["regenerated"] and records.lengths() == stored.lengths()
     assert all(torch.equal(records.tokens(i)[0], stored.tokens(i)[0]) for i in range(len(stored)))
+
+
+@pytest.mark.slow
+def test_an_online_run_sigkilled_mid_epoch_resumes_with_the_same_losses(tiny_dir, chats, tmp_path):
+    """A real kill: SIGKILL once step 9's checkpoint is written (a few steps later, mid-epoch), then the same
+    command again. The resumed run logs the uninterrupted run's loss at every step and ends with its head."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.tiny import clean_env
+
+    common = ("train.max_steps=40", "train.save_every=3", "deepspeed=zero0_fp32", "train.export_dtype=float32",
+              "train.log_every=1")
+    straight = tmp_path / "straight"
+    straight.mkdir()
+    args = [sys.executable, "-m", "train", *cli_overrides(tiny_dir, chats, straight, *common)]
+    assert subprocess.run(args, cwd=straight, capture_output=True, timeout=300, env=clean_env()).returncode == 0
+    killed = tmp_path / "killed"
+    killed.mkdir()
+    args = [sys.executable, "-m", "train", *cli_overrides(tiny_dir, chats, killed, *common)]
+    proc = subprocess.Popen(args, cwd=killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env())
+    latest = killed / "run" / "checkpoints" / "latest"
+    deadline = time.time() + 180
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if latest.exists() and latest.read_text() >= "step00000009":
+                break
+            time.sleep(0.005)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    saved = int(latest.read_text().strip()[4:])
+    out = subprocess.run(args, cwd=killed, capture_output=True, text=True, timeout=300, env=clean_env())
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"at step {saved}" in out.stdout and "done: 40 steps" in out.stderr
+    a, b = read_metrics(straight / "run"), read_metrics(killed / "run")
+    assert all(a[s]["train/feature_loss"] == b[s]["train/feature_loss"] for s in range(1, 41))
+    heads = [load_file(str(d / "run" / "head" / "model.safetensors")) for d in (straight, killed)]
+    assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])

@@ -4,8 +4,9 @@
     result = trainer.fit()   # train, evaluate, checkpoint, export output_dir/head
 
 What the loop trains and from where is decided outside it: where the features come from
-(train/features.py: a store, or the target online), the head's shape (train/head_config.py), its starting weights (train/head_init.py), the draft vocabulary
-(train/vocab.py), the losses (train/loss.py) and the batches (train/data.py).
+(train/features.py: a store, or the target online), the head's shape (train/head_config.py),
+its starting weights (train/head_init.py), the draft vocabulary (train/vocab.py), the losses
+(train/loss.py) and the batches (train/data.py).
 
 Evaluation: held-out loss and top-k every `eval_every` steps, and τ by real decoding of
 held-back prompts every `tau_every` steps (train/judge.py; rank 0 decodes); both at the end.
@@ -170,7 +171,8 @@ class Trainer:
         micro, window_start, step_start = self.step * ga, time.perf_counter(), time.perf_counter()
         step_pairs = 0
         self.engine.train()
-        for batch in loader(self.records, batches, *loader_settings(t.num_workers, self.device, self.features.target is not None)):
+        online = self.features.target is not None
+        for batch in loader(self.records, batches, *loader_settings(t.num_workers, self.device, online)):
             out = self.micro_step(batch, micro)
             micro += 1
             step_pairs += batch.num_pairs
