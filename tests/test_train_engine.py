@@ -231,7 +231,7 @@ def test_reduced_draft_vocabulary_and_init_head(tiny, tmp_path):
     stores them; train.init_head starts a run from an exported head's weights."""
     first = Trainer(make_cfg(tiny, tmp_path / "a", "train.max_steps=6", "train.draft_vocab=40"))
     assert first.loss_lm_head.shape == (40, first.frozen.lm_head.shape[1])
-    counts = token_counts(first.store, first.train_idx, first.draft_config.vocab_size)
+    counts = token_counts(first.records, first.train_idx, first.draft_config.vocab_size)
     ids = first.vocab.ids
     assert torch.equal(first.loss_lm_head, first.frozen.lm_head[ids[:40]])
     assert (counts[ids[:40]].min() >= counts[ids[40:]].max())  # the most frequent
