@@ -36,6 +36,7 @@ from eagle.drafter import Drafter
 from eagle.feature_layers import head_layers
 from eagle.kv_commit import commit_cache, prepare_cache
 from eagle.lookup import lookup_chain, merge_chain
+from eagle.plain_step import plain_step
 from eagle.settings import TreeSettings
 from eagle.state import DecodeState
 from eagle.stats import GenerationStats, TokenBudget
@@ -63,7 +64,8 @@ class EaModel(nn.Module):
     Build it with `from_pretrained` (paths) or `from_modules` (loaded parts); both resolve
     `total_token="auto"`. The constructor only assembles parts and needs a numeric budget."""
 
-    def __init__(self, target: nn.Module, head: Head, tokenizer=None, settings: TreeSettings = TreeSettings()):
+    def __init__(self, target: nn.Module, head: Head, tokenizer=None, settings: TreeSettings = TreeSettings(),
+                 compile: bool = False):
         super().__init__()
         if settings.auto:
             raise ValueError("total_token='auto' (the default) is timed when a model is built: use "
@@ -83,32 +85,35 @@ class EaModel(nn.Module):
         self.feature_layers = _feature_layers(head, target)  # hidden_states the head reads; None: the last
         vocab = DraftVocabulary.of(head, target.get_output_embeddings(), settings.draft_vocab)
         self.drafter = Drafter(self.head, target.get_input_embeddings(), vocab)
+        self.plain = plain_step(self.target, compile)  # naive_generate's forwards (eagle/plain_step.py)
 
     @classmethod
     def from_modules(cls, target: nn.Module, head: Head, tokenizer=None,
-                     settings: TreeSettings = TreeSettings()) -> "EaModel":
-        """An EaModel of loaded parts; `total_token="auto"` is timed on this device here."""
+                     settings: TreeSettings = TreeSettings(), compile: bool = False) -> "EaModel":
+        """An EaModel of loaded parts; `total_token="auto"` is timed on this device here. compile=True:
+        `naivegenerate` runs compiled one-token forwards (eagle/plain_step.py; the tree decoder stays eager)."""
         if not settings.auto:
-            return cls(target, head, tokenizer, settings)
+            return cls(target, head, tokenizer, settings, compile)
         largest = settings.tuned(max(SIZES), max(DEPTHS))  # until tune() picks
-        model = cls(target, head, tokenizer, largest)
+        model = cls(target, head, tokenizer, largest, compile)
         model.tune()
         return model
 
     @classmethod
     def from_pretrained(cls, base_model_path: str | Path, ea_model_path: str | Path,
                         torch_dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                        settings: TreeSettings | None = None, **tree: object) -> "EaModel":
+                        settings: TreeSettings | None = None, compile: bool = False, **tree: object) -> "EaModel":
         """Load the target (alias, folder or Hub id) and a head (our layout or EAGLE's).
 
         Tree settings: a `TreeSettings`, or its fields as keywords (`total_token=60, depth=6,
         top_k=10`, `tree="static"`, `draft_vocab=8192`, `lookup=10`); `total_token="auto"`
-        times this device and picks the dynamic tree's budget and depth."""
+        times this device and picks the dynamic tree's budget and depth. compile=True: compiled
+        one-token forwards for `naivegenerate` (eagle/plain_step.py)."""
         settings = TreeSettings(**tree) if settings is None else TreeSettings(**{**settings.__dict__, **tree})
         path = resolve_target(base_model_path)
         target = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
         head = load_head(ea_model_path, dtype=torch_dtype, device=device)
-        return cls.from_modules(target, head, tokenizer_if_any(path), settings)
+        return cls.from_modules(target, head, tokenizer_if_any(path), settings, compile)
 
     @torch.inference_mode()
     def tune(self, prompts: list[torch.Tensor] | None = None, reuse: bool = True) -> TreeBudget:
@@ -176,15 +181,14 @@ class EaModel(nn.Module):
         if budget.done:
             return
         start = time.perf_counter()
-        cache = DynamicCache(config=self.target.config)
-        out = self.target(input_ids=input_ids, past_key_values=cache, use_cache=True)
+        logits = self.plain.prefill(input_ids, budget.left)  # [V]
         stats.prefill_seconds = time.perf_counter() - start
         while True:
-            token = sample(out.logits[0, -1], params).reshape(1)  # [1]
+            token = sample(logits, params).reshape(1)  # [1]
             yield self._emit(stats, budget, token, start)
             if budget.done:
                 return
-            out = self.target(input_ids=token[None], past_key_values=cache, use_cache=True)
+            logits = self.plain(token)
             stats.steps += 1
             stats.accept_lengths.append(1)
 
