@@ -119,13 +119,13 @@ def make_plan(cfg, tokenizer=None, conversations=None) -> Plan:
         count, count_source = len(conversations), "read from the source"
     tokens, tokens_source = _tokens(cfg, tokenizer, conversations, count)
     layers = [int(i) for i in cfg.model.feature_layers]
-    element = 4 if str(cfg.model.dtype) == "float32" else 2  # the store keeps features in the target's dtype
-    per_token = 4 + 1 + element * sizes.hidden * (1 + len(fused_layers(layers)))
+    per_token = 4 + 1 + _dtype_bytes(cfg) * sizes.hidden * (1 + len(fused_layers(layers)))
     store_dir = Path(str(cfg.store_dir)).expanduser()
-    memory = _memory(cfg, sizes, len(fused_layers(layers)))
-    plan = Plan(sizes, count, count_source, tokens, tokens_source, per_token, store_dir, _free(store_dir), memory)
+    extra = len(fused_layers(layers))
+    plan = Plan(sizes, count, count_source, tokens, tokens_source, per_token, store_dir, _free(store_dir),
+                _memory(cfg, sizes, extra))
     if "train" in cfg:
-        plan.choice = _choice(cfg, sizes, tokens, len(fused_layers(layers)), memory)
+        plan.choice = _choice(cfg, sizes, tokens, extra)
     return plan
 
 
@@ -233,38 +233,55 @@ def _tokens(cfg, tokenizer, conversations, count: int) -> tuple[int, str]:
 
 def _memory(cfg, t: TargetSizes, extra_layers: int) -> dict[str, float]:
     """GB per rank: data_prep's target forward, and training (head, optimizer, frozen matrices, one micro-batch)."""
-    dtype_bytes = 4 if str(cfg.model.dtype) == "float32" else 2
-    weights = t.params * dtype_bytes
-    prep_tokens = int(cfg.data.batch_tokens)
-    prep_act = prep_tokens * (t.hidden * (4 + 2 * extra_layers) + t.intermediate * 2) * dtype_bytes
+    weights = t.params * _dtype_bytes(cfg)
+    prep_act = _forward_bytes(int(cfg.data.batch_tokens), t, extra_layers, _dtype_bytes(cfg))
     head = _head_params(t.hidden, t.intermediate, extra_layers)
-    states = head * 18  # bf16 weights + fp32 master weights, grads and two Adam moments (ZeRO-2/3 shard the 16)
-    batch = int(cfg.train.batch_tokens) if "train" in cfg else 8192
-    frozen = 2 * t.vocab * t.hidden * 2
-    drafted = draft_vocab_size(cfg.train.get("draft_vocab") if "train" in cfg else None, t.vocab) or t.vocab
-    target_side = t.vocab if extra_layers else drafted  # EAGLE-3 takes the target's distribution over all of it
-    train_act = batch * t.hidden * 2 * (3 + extra_layers) + batch * (drafted + target_side) * 4  # fp32 softmaxes
     return {"data_prep host (loading the target)": weights / GB,
             "data_prep device (target + a batch)": (weights + prep_act) / GB,
             f"train device (head {head / 1e6:.0f}M params + optimizer, frozen embed/lm_head, a micro-batch)":
-                (states + frozen + train_act) / GB}
+                _train_bytes(cfg, t, extra_layers) / GB}
 
 
-def _choice(cfg, t: TargetSizes, tokens: int, extra_layers: int, memory: dict[str, float]) -> Choice:
+def _train_bytes(cfg, t: TargetSizes, extra_layers: int) -> float:
+    """Training's device memory per rank: head and optimizer states, frozen embed/lm_head, one micro-batch."""
+    # bf16 weights + fp32 master weights, grads and two Adam moments (ZeRO-2/3 shard the 16)
+    states = _head_params(t.hidden, t.intermediate, extra_layers) * 18
+    batch = int(cfg.train.batch_tokens) if "train" in cfg else 8192
+    frozen = 2 * t.vocab * t.hidden * 2
+    drafted, target_side = _loss_rows(cfg, t, extra_layers)
+    train_act = batch * t.hidden * 2 * (3 + extra_layers) + batch * (drafted + target_side) * 4  # fp32 softmaxes
+    return states + frozen + train_act
+
+
+def _choice(cfg, t: TargetSizes, tokens: int, extra_layers: int) -> Choice:
     """The two ways to feed the trainer, costed for train.epochs (or max_steps x batch_tokens)."""
     tr = cfg.train
     epochs = float(tr.epochs)
     if tr.get("max_steps"):
         epochs = tr.max_steps * int(tr.batch_tokens) * int(tr.get("grad_accum") or 1) / max(1, tokens)
-    drafted = draft_vocab_size(tr.get("draft_vocab"), t.vocab) or t.vocab
+    drafted, target_side = _loss_rows(cfg, t, extra_layers)
     head = _head_params(t.hidden, t.intermediate, extra_layers)
-    target_side = t.vocab if extra_layers else drafted  # the target distribution of the token loss, as in _memory
     head_flops = tokens * (6 * head + 4 * drafted * t.hidden + 2 * target_side * t.hidden)
-    dtype_bytes = 4 if str(cfg.model.dtype) == "float32" else 2
-    forward = int(tr.batch_tokens) * (t.hidden * (4 + 2 * extra_layers) + t.intermediate * 2) * dtype_bytes
-    train_gb = next(v for k, v in memory.items() if k.startswith("train device"))
-    online_gb = train_gb + (t.params * dtype_bytes + forward) / GB
+    target = t.params * _dtype_bytes(cfg) + _forward_bytes(int(tr.batch_tokens), t, extra_layers, _dtype_bytes(cfg))
+    online_gb = (_train_bytes(cfg, t, extra_layers) + target) / GB
     return Choice(round(epochs, 2), 2 * t.params * tokens, head_flops, online_gb)
+
+
+def _dtype_bytes(cfg) -> int:
+    """Bytes of one element of the target's weights and features (the store keeps the target's dtype)."""
+    return 4 if str(cfg.model.dtype) == "float32" else 2
+
+
+def _forward_bytes(tokens: int, t: TargetSizes, extra_layers: int, dtype_bytes: int) -> int:
+    """Activations of one target forward over `tokens` (no grad), with EAGLE-3's extra layers kept."""
+    return tokens * (t.hidden * (4 + 2 * extra_layers) + t.intermediate * 2) * dtype_bytes
+
+
+def _loss_rows(cfg, t: TargetSizes, extra_layers: int) -> tuple[int, int]:
+    """(draft vocabulary rows, rows of the target distribution) of the token loss: EAGLE-3 takes the
+    target's distribution over the whole vocabulary, EAGLE-1/2 over the draft rows."""
+    drafted = draft_vocab_size(cfg.train.get("draft_vocab") if "train" in cfg else None, t.vocab) or t.vocab
+    return drafted, t.vocab if extra_layers else drafted
 
 
 def _head_params(hidden: int, inter: int, extra_layers: int) -> int:
