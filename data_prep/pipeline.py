@@ -14,6 +14,8 @@ import json
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,11 +62,19 @@ def prepare(cfg) -> Path:
     """Build (or finish) the feature store at `cfg.store_dir`; return its path. One job at a time
     writes a store (data_prep/lock.py)."""
     out = Path(cfg.store_dir).expanduser()
-    out.mkdir(parents=True, exist_ok=True)
     rank, world = distributed.init()
-    distributed.check_shared(out, "store_dir")  # before any rank acts on what it finds there
-    with exclusive(out, "data_prep store", take=rank == 0):
+    with writing_store(out, rank):
         return _prepare(cfg, out, rank, world)
+
+
+@contextmanager
+def writing_store(out: Path, rank: int) -> Iterator[None]:
+    """Hold the store folder `out` for this job: every rank first sees the same folder (before any
+    acts on what it finds there), then rank 0 takes its lock (one job at a time writes a store)."""
+    out.mkdir(parents=True, exist_ok=True)
+    distributed.check_shared(out, "store_dir")
+    with exclusive(out, "data_prep store", take=rank == 0):
+        yield
 
 
 def _prepare(cfg, out: Path, rank: int, world: int) -> Path:

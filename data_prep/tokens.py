@@ -22,8 +22,7 @@ import torch
 
 from data_prep import distributed
 from data_prep.conversations import DataError
-from data_prep.lock import exclusive
-from data_prep.pipeline import open_job
+from data_prep.pipeline import open_job, writing_store
 from data_prep.store import Record
 from data_prep.template import tokenize_chunk
 
@@ -83,9 +82,7 @@ def token_records(cfg) -> TokenRecords:
     out = Path(cfg.store_dir).expanduser()
     start = time.perf_counter()
     if cfg.data.regenerate:  # the reply cache lives in the store folder, written by one job at a time
-        out.mkdir(parents=True, exist_ok=True)
-        distributed.check_shared(out, "store_dir")
-        with exclusive(out, "data_prep store", take=rank == 0):
+        with writing_store(out, rank):
             job = open_job(cfg, out, rank, world)
     else:
         job = open_job(cfg, out, rank, world)
