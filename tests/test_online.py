@@ -6,7 +6,6 @@ enters the DeepSpeed engine; a killed online run resumes with the same batches.
 """
 
 import json
-import os
 
 import pytest
 import torch
@@ -223,12 +222,10 @@ def test_online_reads_regenerated_replies_from_the_reply_cache(tiny_dir, chats, 
 def test_an_online_run_sigkilled_mid_epoch_resumes_with_the_same_losses(tiny_dir, chats, tmp_path):
     """A real kill: SIGKILL once step 9's checkpoint is written (a few steps later, mid-epoch), then the same
     command again. The resumed run logs the uninterrupted run's loss at every step and ends with its head."""
-    import signal
     import subprocess
     import sys
-    import time
 
-    from tests.tiny import clean_env
+    from tests.tiny import clean_env, kill_once_checkpointed
 
     common = ("train.max_steps=40", "train.save_every=3", "deepspeed=zero0_fp32", "train.export_dtype=float32",
               "train.log_every=1")
@@ -239,19 +236,7 @@ def test_an_online_run_sigkilled_mid_epoch_resumes_with_the_same_losses(tiny_dir
     killed = tmp_path / "killed"
     killed.mkdir()
     args = [sys.executable, "-m", "train", *cli_overrides(tiny_dir, chats, killed, *common)]
-    proc = subprocess.Popen(args, cwd=killed, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env())
-    latest = killed / "run" / "checkpoints" / "latest"
-    deadline = time.time() + 180
-    try:
-        while time.time() < deadline and proc.poll() is None:
-            if latest.exists() and latest.read_text() >= "step00000009":
-                break
-            time.sleep(0.005)
-        assert proc.poll() is None, "the run ended before it could be killed"
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=30)
-    saved = int(latest.read_text().strip()[4:])
+    saved = kill_once_checkpointed(args, killed, killed / "run" / "checkpoints" / "latest", "step00000009")
     out = subprocess.run(args, cwd=killed, capture_output=True, text=True, timeout=300, env=clean_env())
     assert out.returncode == 0, out.stderr[-3000:]
     assert f"at step {saved}" in out.stdout and "done: 40 steps" in out.stderr

@@ -6,7 +6,6 @@ works) and the store holds its last hidden states over random token sequences.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from data_prep.distributed import free_port
 from data_prep.store import FeatureStore
 from eagle.checkpoint import load_head, write_draft_vocab
 from eagle.vocab import ranked_ids
-from tests.tiny import ROOT, clean_env, lock_held_elsewhere, tiny_llama, write_tiny_store
+from tests.tiny import ROOT, clean_env, kill_once_checkpointed, lock_held_elsewhere, tiny_llama, write_tiny_store
 from train.checkpoints import step_tag
 from train.config import validate
 from train.trainer import Trainer
@@ -194,8 +193,6 @@ def test_resume_after_sigkill(tiny, tmp_path, seed):
     here, so the kill lands a few steps later) continues from its latest checkpoint with
     train.resume=auto and ends with an uninterrupted run's weights."""
     import random
-    import signal
-    import time
 
     after = step_tag(random.Random(seed).randrange(6, 28, 3))
     common = ("train.max_steps=80", "train.save_every=3", "deepspeed=zero0_fp32", "train.export_dtype=float32")
@@ -203,19 +200,7 @@ def test_resume_after_sigkill(tiny, tmp_path, seed):
     run_dir = tmp_path / "killed"
     run_dir.mkdir()
     args = [PY, "-m", "train", *overrides(tiny, run_dir, *common)]
-    proc = subprocess.Popen(args, cwd=run_dir, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env())
-    latest = run_dir / "checkpoints" / "latest"
-    deadline = time.time() + 180
-    try:
-        while time.time() < deadline and proc.poll() is None:
-            if latest.exists() and latest.read_text().strip() >= after:
-                break
-            time.sleep(0.005)
-        assert proc.poll() is None, "the run ended before it could be killed"
-        os.kill(proc.pid, signal.SIGKILL)
-    finally:
-        proc.wait(timeout=30)
-    saved = int(latest.read_text().strip()[4:])
+    saved = kill_once_checkpointed(args, run_dir, run_dir / "checkpoints" / "latest", after)
     assert 6 <= saved < 80
     out = subprocess.run(args, cwd=run_dir, capture_output=True, text=True, timeout=300, env=clean_env())
     assert out.returncode == 0, out.stderr[-3000:]

@@ -129,6 +129,26 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 @torch.no_grad()
+def kill_once_checkpointed(args: list[str], cwd: Path, latest: Path, tag: str, timeout: float = 180) -> int:
+    """Start `args` (a training command) in `cwd`, SIGKILL it once `latest` (its checkpoints' latest
+    file) names `tag` or a later step, and return the step of the newest checkpoint it left."""
+    import signal
+    import time
+
+    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env())
+    deadline = time.time() + timeout
+    try:
+        while time.time() < deadline and proc.poll() is None:
+            if latest.exists() and latest.read_text().strip() >= tag:
+                break
+            time.sleep(0.005)
+        assert proc.poll() is None, "the run ended before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait(timeout=30)
+    return int(latest.read_text().strip()[4:])
+
+
 def write_tiny_store(
     model,
     directory: str | Path,
