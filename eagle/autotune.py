@@ -46,6 +46,7 @@ from eagle.tree import Tree, build_tree, reindex_parents, select_nodes
 log = logging.getLogger("eagle")
 
 SIZES = (8, 12, 16, 24, 32, 48, 64)
+COMPILED_SIZES = (8, 16, 32, 64)  # compiled forwards: each width is a graph to compile (~35 s), so fewer
 DEPTHS = (3, 4, 5, 6, 7)
 TOLERANCE = 0.03  # choices this close to the best expected tokens/s count as equally fast
 CALIBRATION_TEXTS = (
@@ -147,7 +148,7 @@ def _calibration_step(model, state, sizes, depths, accepted) -> tuple[object, fl
     kept = select_nodes(scores, parents, sizes[-1] - 1)
     tree = build_tree(torch.cat([state.root, tokens[kept]]), reindex_parents(kept, parents))
     start = time.perf_counter()
-    logits = model.verify(state, tree).logits
+    logits = model.verify(state, tree, rows=sizes[-1]).logits
     verify = time.perf_counter() - start
     model.discard(state)  # the real step below verifies again
     correct = _correct_candidates(tree, logits.argmax(-1).cpu(), kept, scores.numel())  # [M] bool
@@ -160,7 +161,7 @@ def _calibration_step(model, state, sizes, depths, accepted) -> tuple[object, fl
             ok = correct[chosen]
             accepted[(n, d)].append(1 + (int(depth[chosen][ok].max()) if bool(ok.any()) else 0))
     start = time.perf_counter()
-    state, _ = model.step(state, tree)
+    state, _ = model.step(state, tree, rows=sizes[-1])
     return state, time.perf_counter() - start - verify
 
 
@@ -188,7 +189,7 @@ def _depths(parents: torch.Tensor) -> torch.Tensor:
 def _verify_only(model, state, n: int) -> None:
     """One target forward over an n-token tree (a chain repeating the root), then drop its rows."""
     chain = build_tree(state.root.expand(n).contiguous(), torch.arange(-1, n - 1))
-    model.verify(state, chain)
+    model.verify(state, chain, rows=n)
     model.discard(state)
 
 

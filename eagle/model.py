@@ -30,8 +30,9 @@ from torch.profiler import record_function
 from transformers import AutoModelForCausalLM, DynamicCache
 
 import eagle.tuning_cache as tuning_cache
-from eagle.autotune import DEPTHS, SIZES, TreeBudget, describe, tune_tree
+from eagle.autotune import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget, describe, tune_tree
 from eagle.checkpoint import Head, load_head
+from eagle.compiled_target import CompiledTarget, compilable
 from eagle.drafter import Drafter
 from eagle.feature_layers import head_layers
 from eagle.kv_commit import commit_cache, prepare_cache
@@ -86,6 +87,8 @@ class EaModel(nn.Module):
         vocab = DraftVocabulary.of(head, target.get_output_embeddings(), settings.draft_vocab)
         self.drafter = Drafter(self.head, target.get_input_embeddings(), vocab)
         self.plain = plain_step(self.target, compile)  # naive_generate's forwards (eagle/plain_step.py)
+        # compile=True: the target's tree forwards at fixed shapes over a static cache (eagle/compiled_target.py)
+        self.compiled = CompiledTarget.of(self.target) if compile and compilable(self.target) else None
 
     @classmethod
     def from_modules(cls, target: nn.Module, head: Head, tokenizer=None,
@@ -122,11 +125,12 @@ class EaModel(nn.Module):
         reuse: take the budget measured before for this head, target, dtype and machine
         (eagle.tuning_cache) instead of timing again; a new measurement on the calibration
         prompts is stored for the next load."""
-        key = tuning_cache.budget_key(self, SIZES, DEPTHS) if prompts is None else None
+        sizes = SIZES if self.compiled is None else COMPILED_SIZES  # compiled: a graph per size timed
+        key = tuning_cache.budget_key(self, sizes, DEPTHS) if prompts is None else None
         budget = tuning_cache.load(key) if key is not None and reuse else None
         if budget is None:
             log.info("timing the draft tree on this machine (once: the pick is cached)")
-            budget = tune_tree(self, prompts)
+            budget = tune_tree(self, prompts, sizes)
             if key is not None:
                 tuning_cache.save(key, budget)
         self.tuning = budget
@@ -181,7 +185,7 @@ class EaModel(nn.Module):
         if budget.done:
             return
         start = time.perf_counter()
-        logits = self.plain.prefill(input_ids, budget.left)  # [V]
+        logits = self.plain.prefill(input_ids)  # [V]
         stats.prefill_seconds = time.perf_counter() - start
         while True:
             token = sample(logits, params).reshape(1)  # [1]
@@ -197,11 +201,16 @@ class EaModel(nn.Module):
     def prefill(self, input_ids: torch.Tensor, params: SamplingParams = GREEDY) -> tuple[DecodeState, torch.Tensor]:
         """Target and head over the prompt [1, S]; returns the state and the first new token [1]."""
         s = input_ids.shape[1]
-        cache = DynamicCache(config=self.target.config)
-        prepare_cache(cache)  # sliding-window layers keep a tree's rows until commit
         positions = torch.arange(s, device=input_ids.device)
-        logits, features = self._target_forward(input_ids[0], positions, None, cache)  # [S, V], [S, F]
-        commit_cache(cache, s, torch.zeros(0, dtype=torch.long))  # sliding-window layers: back to their window
+        if self.compiled is not None:
+            cache = self.compiled
+            logits, features = self._outputs(self.compiled.prefill(input_ids, self.verify_rows, hidden=True), s)
+        else:
+            cache = DynamicCache(config=self.target.config)
+            prepare_cache(cache)  # sliding-window layers keep a tree's rows until commit
+            logits, features = self._outputs(self.target(input_ids=input_ids, past_key_values=cache, use_cache=True,
+                                                         output_hidden_states=True), s)  # [S, V], [S, F]
+            commit_cache(cache, s, torch.zeros(0, dtype=torch.long))  # sliding-window layers: back to their window
         root = sample(logits[-1], params).reshape(1)  # [1]
         ids = torch.cat([input_ids, root[None]], dim=1)  # [1, S+1]
         hidden, head_past = self.drafter.encode(features, ids[0, 1:], positions, None, None)
@@ -226,15 +235,27 @@ class EaModel(nn.Module):
         """The EAGLE-2 candidate pool of `depth` levels (tokens, scores, parents [M]; Drafter.candidates)."""
         return self.drafter.candidates(state, depth, self.settings.top_k)
 
-    def verify(self, state: DecodeState, tree: Tree) -> Verified:
-        """2. One target forward over the tree; appends its N rows to the target cache."""
-        past, device = state.committed, state.ids.device
+    @property
+    def verify_rows(self) -> int:
+        """Rows of a verify forward: the largest tree the settings draw (compiled forwards pad to it)."""
+        return self.settings.total_token + self.settings.lookup
+
+    def verify(self, state: DecodeState, tree: Tree, rows: int | None = None) -> Verified:
+        """2. One target forward over the tree; appends its N rows to the target cache.
+        rows: compiled forwards pad the tree to this width (default `verify_rows`; one graph per width)."""
+        past, device, n = state.committed, state.ids.device, tree.size
+        tokens, positions = tree.tokens.to(device), past + tree.depths.to(device)  # [N]
+        if self.compiled is not None:
+            with record_function("eagle.verify.forward"):
+                out = self.compiled.forward(tokens, positions, tree.ancestors, past, max(rows or self.verify_rows, n),
+                                            hidden=True)
+            return Verified(*self._outputs(out, n))
         with record_function("eagle.verify.mask"):
             mask = self._tree_masks(tree, state)
         with record_function("eagle.verify.forward"):
-            logits, features = self._target_forward(tree.tokens.to(device), past + tree.depths.to(device), mask,
-                                                    state.target_cache)
-        return Verified(logits, features)
+            out = self.target(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
+                              past_key_values=state.target_cache, use_cache=True, output_hidden_states=True)
+        return Verified(*self._outputs(out, n))
 
     def _tree_masks(self, tree: Tree, state: DecodeState) -> torch.Tensor | dict[str, torch.Tensor]:
         """The tree's additive attention mask [1, 1, N, K] for every layer type of the target.
@@ -267,7 +288,7 @@ class EaModel(nn.Module):
         returns the new state (which takes over the target cache) and the new tokens [n]."""
         past, device = state.committed, state.ids.device
         with record_function("eagle.cache.commit"):
-            commit_cache(state.target_cache, past, path)
+            self._keep_rows(state, path)
         new = torch.cat([tree.tokens.to(device)[path[1:].to(device)], torch.tensor([bonus], device=device)])  # [n]
         n = new.numel()
         with record_function("eagle.head.update"):  # head rows past .. past+n-1: (f of each accepted node, next token)
@@ -280,25 +301,31 @@ class EaModel(nn.Module):
 
     def discard(self, state: DecodeState) -> None:
         """Drop the rows a `verify` appended to the target cache, as if it had not run."""
-        commit_cache(state.target_cache, state.committed, torch.zeros(0, dtype=torch.long))
+        self._keep_rows(state, torch.zeros(0, dtype=torch.long))
 
-    def step(self, state: DecodeState, tree: Tree, params: SamplingParams = GREEDY) -> tuple[DecodeState, torch.Tensor]:
+    @staticmethod
+    def _keep_rows(state: DecodeState, path: torch.Tensor) -> None:
+        """Keep tree nodes `path` [n] of the target cache after its committed rows (in place)."""
+        if isinstance(state.target_cache, CompiledTarget):
+            state.target_cache.commit(state.committed, path)
+        else:
+            commit_cache(state.target_cache, state.committed, path)
+
+    def step(self, state: DecodeState, tree: Tree, params: SamplingParams = GREEDY,
+             rows: int | None = None) -> tuple[DecodeState, torch.Tensor]:
         """verify + accept + commit; consumes `state` (its target cache moves to the new state)."""
-        verified = self.verify(state, tree)
+        verified = self.verify(state, tree, rows)
         path, bonus = self.accept(tree, verified, params)
         return self.commit(state, tree, verified, path, bonus)
 
     # ---- internals -------------------------------------------------------------------------
 
-    def _target_forward(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor | None,
-                        cache: DynamicCache) -> tuple[torch.Tensor, torch.Tensor]:
-        """Target over tokens [q] at positions [q]; returns logits [q, V] and the head's input
-        features [q, H] (EAGLE-3: [q, 3H], its layers side by side)."""
-        out = self.target(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
-                          past_key_values=cache, use_cache=True, output_hidden_states=True)
+    def _outputs(self, out, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A target forward's first n rows: logits [n, V] and the head's input features [n, H]
+        (EAGLE-3: [n, 3H], its layers side by side). Rows past n are a compiled forward's padding."""
         if self.feature_layers is None:
-            return out.logits[0], out.hidden_states[-1][0]
-        return out.logits[0], torch.cat([out.hidden_states[i][0] for i in self.feature_layers], dim=-1)
+            return out.logits[0, :n], out.hidden_states[-1][0, :n]
+        return out.logits[0, :n], torch.cat([out.hidden_states[i][0, :n] for i in self.feature_layers], dim=-1)
 
     def _start(self, method: str, input_ids: torch.Tensor, max_new_tokens: int, max_length: int):
         if input_ids.dim() != 2 or input_ids.shape[0] != 1:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from eagle.compiled_target import CompiledTarget
 from eagle.draft import KVCache
 
 
@@ -15,7 +16,7 @@ class DecodeState:
     """What one decode step needs; `ids[-1]` is the root, in neither KV cache yet."""
 
     ids: torch.Tensor  # [1, L] committed tokens (prompt + generated)
-    target_cache: DynamicCache  # L-1 rows
+    target_cache: DynamicCache | CompiledTarget  # L-1 rows (compiled: its bucketed static cache)
     head_past: KVCache  # L-1 rows; row t encodes (f_t, x_{t+1})
     draft_hidden: torch.Tensor  # [1, H] head output of row L-2: f̂_{L-1}, drafts x_L
 

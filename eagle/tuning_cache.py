@@ -38,6 +38,7 @@ def budget_key(model, sizes, depths) -> dict:
                           target.config.to_json_string(use_diff=False).encode()),
         "dtype": str(lm_head.dtype), "device": _device_name(lm_head.device), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "top_k": model.settings.top_k, "draft_vocab": model.draft_vocab_size,
+        "compiled": model.compiled is not None,
     }
 
 

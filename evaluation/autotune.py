@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> list[TreeBudget]:
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--compile", action="store_true", help="tune the compiled forwards (EaModel(compile=True))")
     tree_settings.add_arguments(p)
     args = p.parse_args(argv)
     if args.threads:
@@ -32,7 +33,8 @@ def main(argv: list[str] | None = None) -> list[TreeBudget]:
     settings = tree_settings.from_arguments(args)
     if settings.auto:  # tuned below, run by run
         settings = settings.tuned(max(SIZES), max(DEPTHS))
-    model = EaModel.from_pretrained(args.base, args.head, torch_dtype=getattr(torch, args.dtype), settings=settings)
+    model = EaModel.from_pretrained(args.base, args.head, torch_dtype=getattr(torch, args.dtype), settings=settings,
+                                    compile=args.compile)
     budgets = []
     for run in range(args.runs):
         start = time.perf_counter()

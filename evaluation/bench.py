@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 from collections import defaultdict
 from dataclasses import asdict
 from pathlib import Path
@@ -25,6 +27,7 @@ import eagle.settings as tree_settings
 from data_prep.prompts import Question, first_per_category, load_questions
 from evaluation.methods import DECODERS, METHODS, Bench, default_head_label, split_method
 from evaluation.report import Run, markdown, plots, summarize
+from evaluation.vllm_engine import VLLM_METHODS, VllmEngine, rss_mb
 
 
 def benchmark(bench: Bench, questions: list[Question], methods: list[str], progress: bool = True) -> list[Run]:
@@ -100,7 +103,9 @@ def parse_args(argv=None):
     p.add_argument("--limit", type=int, default=None, help="first N questions")
     p.add_argument("--per-category", type=int, default=None, help="first N questions of each category")
     p.add_argument("--turns", type=int, default=2, help="turns per question (MT-bench has 2)")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, every core)")
+    p.add_argument("--no-compile", action="store_true",
+                   help="our methods without compiled forwards (as if each had the -eager suffix)")
     p.add_argument("--out", default="results/bench")
     p.add_argument("--no-progress", action="store_true")
     tree_settings.add_arguments(p)  # -lookup methods: --lookup, else 10 tokens (as HF pld)
@@ -157,13 +162,12 @@ def _bench(args, methods: list[str], paths: dict[str, str]) -> Bench:
     heads = {label: load_head(paths[label], dtype=dtype, device=target.device) for label in sorted(used)}
     assistant = load_target(resolve_target(args.assistant), dtype) if args.assistant else None
     return Bench(target, load_tokenizer(path, args.chat_template), heads, methods, assistant, args.max_new_tokens,
-                 tree_settings.from_arguments(args), _vllm_engines(args, methods, paths, path, dtype))
+                 tree_settings.from_arguments(args), _vllm_engines(args, methods, paths, path, dtype),
+                 compile=not args.no_compile)
 
 
 def _vllm_engines(args, methods: list[str], paths: dict[str, str], target_dir, dtype) -> dict:
     """One vLLM engine per vllm method (its own process and venv), started before any timing."""
-    from evaluation.vllm_engine import VLLM_METHODS, VllmEngine
-
     heads = {"vllm": None, "vllm-eagle": paths["eagle2"], "vllm-eagle3": paths["eagle3"]}
     return {m: VllmEngine(target_dir, heads[m], VLLM_METHODS[m], dtype, torch.get_num_threads())
             for m in methods if m in VLLM_METHODS}
@@ -177,7 +181,11 @@ def write_report(out: Path, args, bench: Bench, runs: list[Run], table: dict, me
                  "tuning": None if e.tuning is None else e.tuning.grid}
              for m, e in bench.eagle.items()}
     meta = {"args": vars(args), "threads": torch.get_num_threads(), "torch": torch.__version__, "trees": trees,
-            "vllm": {m: {"version": e.version, "startup_seconds": e.startup_seconds} for m, e in bench.engines.items()}}
+            "ours": {"startup_seconds": round(bench.startup_seconds, 1), "compile_seconds": round(bench.compile_seconds(), 1),
+                     "rss_mb": round(rss_mb(os.getpid())),
+                     "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)},
+            "vllm": {m: {"version": e.version, "startup_seconds": e.startup_seconds, "rss_mb": round(e.rss_mb())}
+                     for m, e in bench.engines.items()}}
     (out / "results.json").write_text(json.dumps({"meta": meta, "summary": table,
                                                   "runs": [asdict(r) for r in runs]}, indent=1, default=str))
     md = markdown(table, methods)

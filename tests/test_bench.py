@@ -61,14 +61,18 @@ def test_end_to_end_on_tiny_target(tiny_dir, tmp_path):
     save_head(tmp_path / "head3", random_eagle3_head(target, vocab_ids=torch.arange(40, 100)), dtype=torch.float32)
     torch.manual_seed(1)
     save_head(tmp_path / "other", DraftHead(DraftConfig.from_target_config(target.config)), dtype=torch.float32)
-    methods = ["eagle2", "eagle1", "eagle2-lookup", "eagle3", "eagle3-lookup", "eagle2@other", "pld"]
+    methods = ["naive", "naive-eager", "eagle2", "eagle2-eager", "eagle1", "eagle2-lookup", "eagle3", "eagle3-lookup",
+               "eagle2@other", "pld"]  # ours compiled, except the -eager ones
     table = main(["--base", str(tiny_dir), "--head", str(tmp_path / "head"), "--head3", str(tmp_path / "head3"),
                   "--heads", f"other={tmp_path / 'other'}", "--prompts", str(qfile), "--dtype", "float32",
                   "--max-new-tokens", "12", "--total-token", "12", "--methods", ",".join(["vanilla", *methods]), "--out", str(tmp_path / "out"),
                   "--no-progress"])
     for m in methods:
         assert table[m]["all"]["equal_to_vanilla"] == "4/4", m
-    meta = json.loads((tmp_path / "out" / "results.json").read_text())["meta"]["trees"]
+    everything = json.loads((tmp_path / "out" / "results.json").read_text())["meta"]
+    assert everything["ours"]["compile_seconds"] > 0 and everything["ours"]["rss_mb"] > 0
+    meta = everything["trees"]
+    assert table["naive"]["all"]["tau"] == table["naive-eager"]["all"]["tau"]  # one forward a token after the prefill
     assert meta["eagle3"]["head"] == "eagle3" and meta["eagle3"]["draft_vocab"] == 60
     assert meta["eagle2@other"]["head"] == "eagle2"
     assert {p.name for p in (tmp_path / "out").iterdir()} >= {"results.json", "results.md", "speedup_by_category.png",

@@ -430,9 +430,9 @@ def test_a_tuned_budget_is_reused_for_the_same_head_target_and_machine(tmp_path,
     calls = []
     real = eagle.model.tune_tree
 
-    def counted(model, prompts=None):
+    def counted(model, prompts=None, sizes=None):
         calls.append(1)
-        return real(model, prompts, steps_per_prompt=2, repeats=1)
+        return real(model, prompts, sizes, steps_per_prompt=2, repeats=1)
 
     monkeypatch.setattr(eagle.model, "tune_tree", counted)
     target, head = near_bigram_pair(2)

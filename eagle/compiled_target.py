@@ -1,0 +1,157 @@
+"""The target's forwards compiled with fixed shapes over a preallocated KV cache (`EaModel(compile=True)`).
+
+    runner = CompiledTarget.of(target)               # one per target module, shared by its decoders
+    out = runner.prefill(input_ids, room=32, hidden=True)   # eager, into the bucket of prompt + room
+    out = runner.forward(tokens, positions, visible, past, rows=32, hidden=True)   # compiled
+    runner.commit(past, accepted)                    # keep the accepted rows, in place
+
+Why this shape (docs/speed.md, `python -m evaluation.compiled_forward`): on a CPU, a forward
+compiled with `fullgraph=True`, `dynamic=False` and inductor's `freezing` runs 1.4× (one token)
+to 1.7× (a 24-node tree) faster than the eager one, but only while the cache it attends over
+spans about the context: over a 1,024-row cache for a 224-token context the gain was gone.
+
+- **Cache in length buckets.** One `StaticCache` per size 256 · 2^i rows, kept for the process
+  (a new StaticCache per call made the graph read the old one: HF marks its tensors as static
+  addresses). A forward that would run past the end moves the committed rows into the next bucket.
+- **Fixed widths.** A forward of k tokens is padded to `rows` (the tree budget); padded rows
+  attend to themselves only and land in cache rows past the committed ones, which no later
+  mask shows. One graph per (bucket, rows, hidden states or not), compiled at its first call.
+- **The mask spans the whole bucket** [1, 1, rows, L]: committed rows visible, then the
+  `visible` pattern (the tree's ancestors, or 1×1 for a plain step) over the new rows.
+- **Commit** moves the accepted rows to `past..` inside the static tensors and sets the
+  layers' write position (transformers' `StaticLayer` writes at `cumulative_length`).
+
+A compiled target holds one KV cache per bucket: run its generations one at a time (as
+`EaModel`, the bench and the chat do). Targets with sliding-window layers cannot use it
+(`compilable`): their static layers hold a window, not the bucket.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+
+import torch
+import torch._dynamo
+import torch._inductor.config as inductor
+from torch import nn
+from transformers import StaticCache
+
+BUCKET = 256  # rows of the smallest cache
+torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # a graph per shape
+_RUNNERS: weakref.WeakKeyDictionary[nn.Module, CompiledTarget] = weakref.WeakKeyDictionary()
+
+
+def bucket(rows: int) -> int:
+    """The smallest 256 · 2^i >= rows."""
+    size = BUCKET
+    while size < rows:
+        size *= 2
+    return size
+
+
+def compilable(target: nn.Module) -> bool:
+    """Full attention in every layer (a static cache of one length serves them all)."""
+    text = target.config.get_text_config()
+    kinds = set(getattr(text, "layer_types", None) or ["full_attention"])
+    return kinds == {"full_attention"} and getattr(text, "sliding_window", None) is None
+
+
+class CompiledTarget:
+    """A target's compiled forwards and its bucketed static KV cache."""
+
+    def __init__(self, target: nn.Module):
+        self.target = target
+        self._compiled = torch.compile(target.forward, fullgraph=True, dynamic=False)
+        self.compile_seconds = 0.0  # the first calls of each shape, summed
+        self.shapes: set[tuple[int, int, bool]] = set()  # (bucket, rows, hidden) compiled so far
+        self._caches: dict[int, StaticCache] = {}
+        self.cache: StaticCache | None = None  # the bucket in use
+
+    @classmethod
+    def of(cls, target: nn.Module) -> CompiledTarget:
+        """The runner of this target module (decoders sharing a target share its graphs and cache)."""
+        if target not in _RUNNERS:
+            _RUNNERS[target] = cls(target)
+        return _RUNNERS[target]
+
+    @property
+    def size(self) -> int:
+        return self.cache.layers[0].max_cache_len
+
+    def prefill(self, input_ids: torch.Tensor, room: int, hidden: bool):
+        """Eager forward of the prompt [1, S] into the bucket that holds it and `room` more rows; HF's output."""
+        self.cache = self._bucket(bucket(input_ids.shape[1] + room))
+        self.cache.reset()
+        return self.target(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
+                           output_hidden_states=hidden)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, past: int, rows: int,
+                hidden: bool):
+        """Compiled forward of tokens [k] at positions [k] after `past` committed rows, padded to `rows`;
+        visible [k, k] bool: which new rows each attends to. Writes cache rows past..past+rows-1 and
+        returns HF's output over the `rows` (the first k are the tokens')."""
+        k = tokens.numel()
+        if k > rows:
+            raise ValueError(f"{k} tokens do not fit a forward of {rows} rows")
+        if past + rows > self.size:
+            self._grow(past, bucket(past + rows))
+        tokens, positions = _pad(tokens, rows, 0), _pad(positions, rows, past)  # [rows]
+        mask = self._mask(visible, past, rows)  # [1, 1, rows, L]
+        self._seek(past)
+        shape = (self.size, rows, hidden)
+        start = time.perf_counter()
+        with inductor.patch(freezing=True):  # weights as graph constants: prepacked matmuls on a CPU
+            out = self._compiled(input_ids=tokens[None], position_ids=positions[None],
+                                 cache_position=torch.arange(past, past + rows, device=tokens.device),
+                                 attention_mask=mask, past_key_values=self.cache, use_cache=True,
+                                 output_hidden_states=hidden)
+        if shape not in self.shapes:  # this call compiled the graph
+            self.shapes.add(shape)
+            self.compile_seconds += time.perf_counter() - start
+        return out
+
+    def commit(self, past: int, accepted: torch.Tensor) -> None:
+        """Move rows past + accepted [n] to past.. in every layer; the next forward writes after them."""
+        src = past + accepted.to(device=self.cache.layers[0].keys.device, dtype=torch.long)
+        n = src.numel()
+        for layer in self.cache.layers:
+            layer.keys[:, :, past:past + n] = layer.keys.index_select(2, src)  # index_select copies: no aliasing
+            layer.values[:, :, past:past + n] = layer.values.index_select(2, src)
+        self._seek(past + n)
+
+    def _mask(self, visible: torch.Tensor, past: int, rows: int) -> torch.Tensor:
+        """[1, 1, rows, L] additive: committed rows and `visible` [k, k] open; a padded row sees itself."""
+        k, dtype = visible.shape[0], self.target.dtype
+        allowed = torch.zeros(rows, self.size, dtype=torch.bool)
+        allowed[:, :past] = True
+        allowed[:k, past:past + k] = visible.cpu()
+        pad = torch.arange(k, rows)
+        allowed[pad, past + pad] = True
+        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
+        return mask[None, None].to(self.target.device)
+
+    def _seek(self, rows: int) -> None:
+        """The next forward writes at row `rows` (StaticLayer appends at cumulative_length)."""
+        for layer in self.cache.layers:
+            layer.cumulative_length.fill_(rows)
+
+    def _bucket(self, size: int) -> StaticCache:
+        if size not in self._caches:
+            self._caches[size] = StaticCache(config=self.target.config, max_cache_len=size)
+        return self._caches[size]
+
+    def _grow(self, past: int, size: int) -> None:
+        """Move the `past` committed rows into the cache of `size` rows."""
+        old, new = self.cache, self._bucket(size)
+        for was, now in zip(old.layers, new.layers, strict=True):
+            if not now.is_initialized:
+                now.lazy_initialization(was.keys, was.values)
+            now.keys[:, :, :past] = was.keys[:, :, :past]
+            now.values[:, :, :past] = was.values[:, :, :past]
+        self.cache = new
+
+
+def _pad(x: torch.Tensor, rows: int, value: int) -> torch.Tensor:
+    """x [k] padded with `value` to [rows]."""
+    return torch.cat([x, x.new_full((rows - x.numel(),), value)])

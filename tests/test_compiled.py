@@ -1,0 +1,95 @@
+"""`EaModel(compile=True)`: the target's forwards compiled with fixed shapes over a bucketed static
+cache (eagle/compiled_target.py) give HF generate's greedy output in fp32, for plain decoding and
+for every tree kind, across cache buckets; each shape compiles once."""
+
+import pytest
+import torch
+from transformers import MistralConfig, MistralForCausalLM
+
+from eagle.compiled_target import BUCKET, CompiledTarget, bucket, compilable
+from eagle.model import EaModel
+from eagle.plain_step import CompiledStep, EagerStep, plain_step
+from eagle.settings import TreeSettings
+from eagle.tree import build_tree
+from tests.tiny import FIXED, TREES, hf_greedy, near_bigram_pair, prompt, random_head, tiny_llama
+
+
+def test_buckets_double_from_256():
+    assert [bucket(n) for n in (1, 256, 257, 700, 1025)] == [256, 256, 512, 1024, 2048] and BUCKET == 256
+
+
+def test_compiled_plain_decoding_equals_hf_generate_and_compiles_once_per_shape():
+    target = tiny_llama(seed=1)
+    model = EaModel(target, random_head(target), settings=FIXED, compile=True)
+    assert isinstance(model.plain, CompiledStep) and model.compiled is CompiledTarget.of(target)
+    for seed, length in ((0, 9), (1, 23)):  # two prompt lengths, one bucket: one graph
+        ids = prompt(seed, length)
+        assert torch.equal(model.naivegenerate(ids, max_new_tokens=30), hf_greedy(target, ids, 30)), seed
+    assert model.compiled.shapes == {(256, 1, False)} and model.compiled.compile_seconds > 0
+    compiled_once = model.compiled.compile_seconds
+    long = prompt(2, 240)  # 240 + 30 rows: the cache moves to the 512-row bucket mid-generation
+    assert torch.equal(model.naivegenerate(long, max_new_tokens=30), hf_greedy(target, long, 30))
+    assert model.compiled.shapes == {(256, 1, False), (512, 1, False)}
+    assert model.compiled.compile_seconds > compiled_once
+
+
+@pytest.mark.parametrize("tree", sorted(TREES))
+def test_compiled_eagle_decoding_equals_hf_generate_across_buckets(tree):
+    """Greedy EAGLE decoding through compiled tree forwards: HF's tokens for every tree kind, with
+    long accepted paths (a near-bigram head), a prompt-lookup branch, and a generation that crosses
+    from the 256-row into the 512-row bucket."""
+    target, head = near_bigram_pair(4, coupling=0.3)
+    model = EaModel(target, head, settings=TreeSettings(**{**TREES[tree].__dict__, "lookup": 4}), compile=True)
+    lengths = []
+    for seed, length, new in ((0, 7, 40), (1, 200, 90)):
+        ids = prompt(seed, length)
+        assert torch.equal(model.eagenerate(ids, max_new_tokens=new), hf_greedy(target, ids, new)), (tree, seed)
+        lengths += model.last_stats.accept_lengths
+    assert max(lengths) >= 3
+    assert {size for size, _, _ in model.compiled.shapes} == {256, 512}
+    assert {rows for _, rows, hidden in model.compiled.shapes if hidden} == {model.verify_rows}
+
+
+def test_padded_rows_do_not_change_the_trees_logits():
+    """A compiled verify padded to 32 rows gives the eager verify's logits and features for the tree's rows,
+    and commits the same cache rows (fp32)."""
+    target, head = near_bigram_pair(5)
+    eager = EaModel(target, head, settings=FIXED)
+    compiled = EaModel(target, head, settings=FIXED, compile=True)
+    ids = prompt(3, 30)
+    tree = build_tree(torch.tensor([5, 9, 11, 9, 40, 7]), torch.tensor([-1, 0, 0, 1, 1, 3]))
+    with torch.inference_mode():
+        outs = []
+        for model in (eager, compiled):
+            state, _ = model.prefill(ids)
+            verified = model.verify(state, tree, rows=32)
+            state, new = model.commit(state, tree, verified, torch.tensor([0, 1, 3]), 17)
+            after = model.verify(state, build_tree(state.root, torch.tensor([-1])), rows=8)
+            outs.append((verified.logits, verified.features, new, after.logits))
+    for a, b in zip(*outs, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_compiled_sampling_draws_what_eager_sampling_draws():
+    """Rejection sampling reads the same logits (to ~1e-6 in fp32) and the same random numbers: with one
+    seed, compiled and eager decoding sample the same tokens (the χ² tests of test_sampling.py hold)."""
+    target, head = near_bigram_pair(6)
+    outs = []
+    for compile in (False, True):
+        model = EaModel(target, head, settings=FIXED, compile=compile)
+        torch.manual_seed(0)
+        outs.append(model.eagenerate(prompt(4, 12), temperature=0.8, top_p=0.9, max_new_tokens=40))
+    assert torch.equal(*outs) and outs[0].shape[1] > 12 + 10
+
+
+def test_targets_with_sliding_windows_stay_eager():
+    torch.manual_seed(0)
+    cfg = MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=16)
+    mistral = MistralForCausalLM(cfg).eval()
+    assert not compilable(mistral) and isinstance(plain_step(mistral, compile=True), EagerStep)
+    assert isinstance(plain_step(tiny_llama(), compile=False), EagerStep)
+    model = EaModel(mistral, random_head(mistral), settings=FIXED, compile=True)
+    assert model.compiled is None
+    ids = prompt(5, 20)
+    assert torch.equal(model.eagenerate(ids, max_new_tokens=20), hf_greedy(mistral, ids, 20))
