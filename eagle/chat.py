@@ -37,6 +37,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--system", default=None, help="system prompt (default: the template's own)")
     p.add_argument("--chat-template", default=None, help="template name, .jinja file or template text")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")
+    p.add_argument("--no-compile", action="store_true",
+                   help="eager target forwards: no compile at start (~35 s per shape), slower decoding")
     tree_settings.add_arguments(p)
     return p.parse_args(argv)
 
@@ -66,7 +68,8 @@ def build_model(args: argparse.Namespace):
         head = DraftHead(DraftConfig.from_target_config(target.config, target=args.target)).to(dtype)
     else:
         head = load_head(args.head, dtype=dtype)
-    return EaModel.from_modules(target, head, tokenizer, tree_settings.from_arguments(args))
+    return EaModel.from_modules(target, head, tokenizer, tree_settings.from_arguments(args),
+                                compile=False if args.no_compile else None)
 
 
 def read_turns(interactive: bool):

@@ -28,6 +28,8 @@ A compiled target holds one KV cache per bucket: run its generations one at a ti
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 import weakref
 
@@ -37,6 +39,7 @@ import torch._inductor.config as inductor
 from torch import nn
 from transformers import StaticCache
 
+log = logging.getLogger("eagle")
 BUCKET = 256  # rows of the smallest cache
 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # a graph per shape
 _RUNNERS: weakref.WeakKeyDictionary[nn.Module, CompiledTarget] = weakref.WeakKeyDictionary()
@@ -48,6 +51,11 @@ def bucket(rows: int) -> int:
     while size < rows:
         size *= 2
     return size
+
+
+def wanted(compile: bool | None) -> bool:
+    """compile=None (the default): on, unless the environment sets EAGLE_COMPILE=0."""
+    return os.environ.get("EAGLE_COMPILE", "1") != "0" if compile is None else bool(compile)
 
 
 def compilable(target: nn.Module) -> bool:
@@ -100,8 +108,11 @@ class CompiledTarget:
         mask = self._mask(visible, past, rows)  # [1, 1, rows, L]
         self._seek(past)
         shape = (self.size, rows, hidden)
+        if shape not in self.shapes:
+            log.info("compiling the target's forward of %d rows over a %d-row cache (once per process)", rows,
+                     self.size)
         start = time.perf_counter()
-        with inductor.patch(freezing=True):  # weights as graph constants: prepacked matmuls on a CPU
+        with inductor.patch(**_options(rows)):
             out = self._compiled(input_ids=tokens[None], position_ids=positions[None],
                                  cache_position=torch.arange(past, past + rows, device=tokens.device),
                                  attention_mask=mask, past_key_values=self.cache, use_cache=True,
@@ -150,6 +161,17 @@ class CompiledTarget:
             now.keys[:, :, :past] = was.keys[:, :, :past]
             now.values[:, :, :past] = was.values[:, :, :past]
         self.cache = new
+
+
+def _options(rows: int) -> dict:
+    """Inductor settings a graph of `rows` rows compiles with. `freezing`: weights become graph constants
+    (prepacked matmuls on a CPU). One row also autotunes its matmuls between oneDNN and inductor's C++
+    GEMM template: on this CPU (bf16, SmolLM2-135M, 2 threads) the template's kernels made a one-token
+    forward 1.6-1.8x faster (24.8 -> 13.6-16.1 ms) for 2-3x the compile time; at 8-32 rows they were
+    slower than oneDNN's and autotuning chose oneDNN's anyway (docs/speed.md)."""
+    if rows > 1:
+        return {"freezing": True}
+    return {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
 
 
 def _pad(x: torch.Tensor, rows: int, value: int) -> torch.Tensor:

@@ -32,7 +32,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 import eagle.tuning_cache as tuning_cache
 from eagle.autotune import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget, describe, tune_tree
 from eagle.checkpoint import Head, load_head
-from eagle.compiled_target import CompiledTarget, compilable
+from eagle.compiled_target import CompiledTarget, compilable, wanted
 from eagle.drafter import Drafter
 from eagle.feature_layers import head_layers
 from eagle.kv_commit import commit_cache, prepare_cache
@@ -66,7 +66,7 @@ class EaModel(nn.Module):
     `total_token="auto"`. The constructor only assembles parts and needs a numeric budget."""
 
     def __init__(self, target: nn.Module, head: Head, tokenizer=None, settings: TreeSettings = TreeSettings(),
-                 compile: bool = False):
+                 compile: bool | None = None):
         super().__init__()
         if settings.auto:
             raise ValueError("total_token='auto' (the default) is timed when a model is built: use "
@@ -86,15 +86,16 @@ class EaModel(nn.Module):
         self.feature_layers = _feature_layers(head, target)  # hidden_states the head reads; None: the last
         vocab = DraftVocabulary.of(head, target.get_output_embeddings(), settings.draft_vocab)
         self.drafter = Drafter(self.head, target.get_input_embeddings(), vocab)
-        self.plain = plain_step(self.target, compile)  # naive_generate's forwards (eagle/plain_step.py)
-        # compile=True: the target's tree forwards at fixed shapes over a static cache (eagle/compiled_target.py)
-        self.compiled = CompiledTarget.of(self.target) if compile and compilable(self.target) else None
+        # compiled (the default; compile=False or EAGLE_COMPILE=0 turn it off): the target's forwards at fixed
+        # shapes over a bucketed static cache (eagle/compiled_target.py); targets with sliding windows stay eager
+        self.compiled = CompiledTarget.of(self.target) if wanted(compile) and compilable(self.target) else None
+        self.plain = plain_step(self.target, self.compiled is not None)  # naive_generate's forwards
 
     @classmethod
     def from_modules(cls, target: nn.Module, head: Head, tokenizer=None,
-                     settings: TreeSettings = TreeSettings(), compile: bool = False) -> "EaModel":
-        """An EaModel of loaded parts; `total_token="auto"` is timed on this device here. compile=True:
-        `naivegenerate` runs compiled one-token forwards (eagle/plain_step.py; the tree decoder stays eager)."""
+                     settings: TreeSettings = TreeSettings(), compile: bool | None = None) -> "EaModel":
+        """An EaModel of loaded parts; `total_token="auto"` is timed on this device here (for the compiled
+        forwards when compiling, the default: each new shape compiles once per process, ~35 s)."""
         if not settings.auto:
             return cls(target, head, tokenizer, settings, compile)
         largest = settings.tuned(max(SIZES), max(DEPTHS))  # until tune() picks
@@ -105,13 +106,14 @@ class EaModel(nn.Module):
     @classmethod
     def from_pretrained(cls, base_model_path: str | Path, ea_model_path: str | Path,
                         torch_dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                        settings: TreeSettings | None = None, compile: bool = False, **tree: object) -> "EaModel":
+                        settings: TreeSettings | None = None, compile: bool | None = None,
+                        **tree: object) -> "EaModel":
         """Load the target (alias, folder or Hub id) and a head (our layout or EAGLE's).
 
         Tree settings: a `TreeSettings`, or its fields as keywords (`total_token=60, depth=6,
         top_k=10`, `tree="static"`, `draft_vocab=8192`, `lookup=10`); `total_token="auto"`
-        times this device and picks the dynamic tree's budget and depth. compile=True: compiled
-        one-token forwards for `naivegenerate` (eagle/plain_step.py)."""
+        times this device and picks the dynamic tree's budget and depth. compile (default on, unless
+        EAGLE_COMPILE=0): the target's forwards compiled with fixed shapes (eagle/compiled_target.py)."""
         settings = TreeSettings(**tree) if settings is None else TreeSettings(**{**settings.__dict__, **tree})
         path = resolve_target(base_model_path)
         target = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)

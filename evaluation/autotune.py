@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> list[TreeBudget]:
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--threads", type=int, default=None)
-    p.add_argument("--compile", action="store_true", help="tune the compiled forwards (EaModel(compile=True))")
+    p.add_argument("--no-compile", action="store_true", help="tune the eager forwards (EaModel(compile=False))")
     tree_settings.add_arguments(p)
     args = p.parse_args(argv)
     if args.threads:
@@ -34,7 +34,7 @@ def main(argv: list[str] | None = None) -> list[TreeBudget]:
     if settings.auto:  # tuned below, run by run
         settings = settings.tuned(max(SIZES), max(DEPTHS))
     model = EaModel.from_pretrained(args.base, args.head, torch_dtype=getattr(torch, args.dtype), settings=settings,
-                                    compile=args.compile)
+                                    compile=not args.no_compile)
     budgets = []
     for run in range(args.runs):
         start = time.perf_counter()

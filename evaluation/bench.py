@@ -184,7 +184,7 @@ def write_report(out: Path, args, bench: Bench, runs: list[Run], table: dict, me
             "ours": {"startup_seconds": round(bench.startup_seconds, 1), "compile_seconds": round(bench.compile_seconds(), 1),
                      "rss_mb": round(rss_mb(os.getpid())),
                      "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)},
-            "vllm": {m: {"version": e.version, "startup_seconds": e.startup_seconds, "rss_mb": round(e.rss_mb())}
+            "vllm": {m: {"version": e.version, "startup_seconds": e.startup_seconds, "rss_mb": round(e.rss_at_close_mb)}
                      for m, e in bench.engines.items()}}
     (out / "results.json").write_text(json.dumps({"meta": meta, "summary": table,
                                                   "runs": [asdict(r) for r in runs]}, indent=1, default=str))

@@ -147,7 +147,7 @@ def parse_args(argv=None):
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--out", default=None, help="write profile.json and profile.md here")
-    p.add_argument("--compile", action="store_true", help="compiled target forwards (EaModel(compile=True))")
+    p.add_argument("--no-compile", action="store_true", help="eager target forwards (EaModel(compile=False))")
     tree_settings.add_arguments(p)
     return p.parse_args(argv)
 
@@ -159,7 +159,7 @@ def main(argv=None) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     model = EaModel.from_pretrained(args.base, args.head, torch_dtype=getattr(torch, args.dtype),
-                                    settings=tree_settings.from_arguments(args), compile=args.compile)
+                                    settings=tree_settings.from_arguments(args), compile=not args.no_compile)
     questions = round_robin(load_questions(args.prompts))[: args.limit]
     prompts = [chat_prompt(model.tokenizer, [{"role": "user", "content": q.turns[0]}]) for q in questions]
     start = time.perf_counter()

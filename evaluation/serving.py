@@ -74,7 +74,8 @@ def until_eos(ids: list[int], eos: set[int]) -> list[int]:
 
 def ours(target, tokenizer, head_dir: Path, prompts: list[torch.Tensor], max_new: int, k: int):
     """Our decoder on the chain of k tokens: (outputs, τ)."""
-    model = EaModel(target, load_head(head_dir, dtype=target.dtype), tokenizer, TreeSettings(tree=chain_choices(k)))
+    model = EaModel(target, load_head(head_dir, dtype=target.dtype), tokenizer, TreeSettings(tree=chain_choices(k)),
+                    compile=False)  # acceptance only
     outputs, new, steps = [], 0, 0
     for ids in prompts:
         out = model.eagenerate(ids, temperature=0.0, max_new_tokens=max_new)

@@ -65,6 +65,8 @@ class VllmEngine:
         return rss_mb(self.proc.pid, descendants=True)
 
     def close(self) -> None:
+        """Stop the engine; `rss_at_close_mb` keeps its resident memory just before."""
+        self.rss_at_close_mb = self.rss_mb()
         if self.proc.poll() is None:
             self.proc.stdin.close()
             try:

@@ -86,7 +86,7 @@ def main() -> None:
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for path in args.heads:
         settings = TreeSettings(total_token=60, depth=6, top_k=10, draft_vocab=args.draft_vocab)
-        model = EaModel(target, load_head(path, dtype=torch.bfloat16), tok, settings)
+        model = EaModel(target, load_head(path, dtype=torch.bfloat16), tok, settings, compile=False)  # τ only
         ids = model.drafter.vocab.ids
         vocab = None if ids is None else set(ids.tolist())
         for name, questions in sets.items():

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -9,6 +11,9 @@ from data_prep.resolvers import register_resolvers
 from tests.tiny import embedded_target_or_skip, tiny_llama
 
 register_resolvers()  # for the tests that compose the Hydra config, as the entry points do
+# Every test decodes eagerly unless it passes compile=True (tests/test_compiled.py, the bench test): a
+# compile costs seconds per shape even for a tiny model, and most tests build several decoders.
+os.environ["EAGLE_COMPILE"] = "0"
 
 
 @pytest.fixture(autouse=True)

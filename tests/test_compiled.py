@@ -18,6 +18,17 @@ def test_buckets_double_from_256():
     assert [bucket(n) for n in (1, 256, 257, 700, 1025)] == [256, 256, 512, 1024, 2048] and BUCKET == 256
 
 
+def test_decoders_compile_by_default_unless_told_not_to(monkeypatch):
+    target = tiny_llama(seed=2)
+    head = random_head(target)
+    monkeypatch.delenv("EAGLE_COMPILE", raising=False)
+    assert EaModel(target, head, settings=FIXED).compiled is not None
+    assert EaModel(target, head, settings=FIXED, compile=False).compiled is None
+    monkeypatch.setenv("EAGLE_COMPILE", "0")  # what the test suite runs with (tests/conftest.py)
+    model = EaModel(target, head, settings=FIXED)
+    assert model.compiled is None and isinstance(model.plain, EagerStep)
+
+
 def test_compiled_plain_decoding_equals_hf_generate_and_compiles_once_per_shape():
     target = tiny_llama(seed=1)
     model = EaModel(target, random_head(target), settings=FIXED, compile=True)
@@ -93,3 +104,21 @@ def test_targets_with_sliding_windows_stay_eager():
     assert model.compiled is None
     ids = prompt(5, 20)
     assert torch.equal(model.eagenerate(ids, max_new_tokens=20), hf_greedy(mistral, ids, 20))
+
+
+def test_auto_budget_times_the_compiled_widths_and_decodes_losslessly(tmp_path, monkeypatch):
+    """Compiled, the tuner times verify forwards at COMPILED_SIZES only (a graph per width), stores the pick
+    under a key of its own, and the tuned decoder gives HF's tokens."""
+    from eagle.autotune import COMPILED_SIZES
+
+    monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
+    target, head = near_bigram_pair(7, coupling=0.3)
+    model = EaModel.from_modules(target, head, settings=TreeSettings(top_k=4), compile=True)
+    assert sorted(model.tuning.verify_ms) == list(COMPILED_SIZES)
+    assert model.settings.total_token in COMPILED_SIZES
+    assert {rows for _, rows, hidden in model.compiled.shapes if hidden} >= set(COMPILED_SIZES)
+    eager = EaModel.from_modules(target, head, settings=TreeSettings(top_k=4), compile=False)
+    assert len(list((tmp_path / "tree-budgets").glob("*.json"))) == 2  # compiled and eager costs differ
+    ids = prompt(6, 15)
+    assert torch.equal(model.eagenerate(ids, max_new_tokens=30), hf_greedy(target, ids, 30))
+    assert eager.tuning is not None

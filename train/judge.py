@@ -130,7 +130,7 @@ class Judge:
         result = Acceptance()
         start = time.perf_counter()
         for name, tree in self.trees.items():
-            model = EaModel(self.target, head, self.tokenizer, tree)
+            model = EaModel(self.target, head, self.tokenizer, tree, compile=False)  # τ only: no compile
             result.counts[name] = count_tau(model, self.prompts, self.max_new_tokens)
         result.seconds = time.perf_counter() - start
         return result
