@@ -14,6 +14,10 @@ Conventions. Feature f_t = target `hidden_states[-1]` at position t (after the f
 outputs f̂_{t+1}; draft logits are the draft vocabulary's scores of f̂. The *root* of every
 tree is the last committed token: decided by the target but not yet in either KV cache.
 EAGLE-3 heads read three target layers side by side instead of f_t; everything else is shared.
+
+Target forwards run compiled with fixed shapes by default (`compile`, eagle/compiled_target.py):
+the tree is padded to its budget and the KV cache is static, in buckets. `DecodeState.target_cache`
+is then the `CompiledTarget` that holds it; eager, it is HF's DynamicCache.
 """
 
 from __future__ import annotations

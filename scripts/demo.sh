@@ -37,7 +37,9 @@ if [ -f "$REPORT/results.json" ] && [ "$REPORT/results.json" -nt "$OUT/head/mode
 else
   METHODS=vanilla,eagle2@fresh,eagle2
   if [ -f checkpoints/eagle3-smollm2-135m-instruct/config.json ]; then METHODS=$METHODS,eagle3; fi
-  $PY -m evaluation.bench --heads fresh="$OUT/head" --methods "$METHODS" \
+  # Eager forwards: the demo compares heads (τ, speed against HF eager); compiled, every head would tune and
+  # compile its own shapes first (minutes). The compiled decoder's speed is `python -m evaluation.bench`'s.
+  $PY -m evaluation.bench --heads fresh="$OUT/head" --methods "$METHODS" --no-compile \
     --prompts mtbench --per-category "$PER_CATEGORY" --turns 1 --max-new-tokens 96 --total-token auto --out "$REPORT"
 fi
 
