@@ -39,6 +39,8 @@ import torch._inductor.config as inductor
 from torch import nn
 from transformers import StaticCache
 
+from eagle.kv_commit import move_rows
+
 log = logging.getLogger("eagle")
 BUCKET = 256  # rows of the smallest cache
 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # a graph per shape
@@ -108,7 +110,8 @@ class CompiledTarget:
         mask = self._mask(visible, past, rows)  # [1, 1, rows, L]
         self._seek(past)
         shape = (self.size, rows, hidden)
-        if shape not in self.shapes:
+        compiling = shape not in self.shapes
+        if compiling:
             log.info("compiling the target's forward of %d rows over a %d-row cache (once per process)", rows,
                      self.size)
         start = time.perf_counter()
@@ -117,19 +120,17 @@ class CompiledTarget:
                                  cache_position=torch.arange(past, past + rows, device=tokens.device),
                                  attention_mask=mask, past_key_values=self.cache, use_cache=True,
                                  output_hidden_states=hidden)
-        if shape not in self.shapes:  # this call compiled the graph
+        if compiling:
             self.shapes.add(shape)
             self.compile_seconds += time.perf_counter() - start
         return out
 
     def commit(self, past: int, accepted: torch.Tensor) -> None:
         """Move rows past + accepted [n] to past.. in every layer; the next forward writes after them."""
-        src = past + accepted.to(device=self.cache.layers[0].keys.device, dtype=torch.long)
-        n = src.numel()
         for layer in self.cache.layers:
-            layer.keys[:, :, past:past + n] = layer.keys.index_select(2, src)  # index_select copies: no aliasing
-            layer.values[:, :, past:past + n] = layer.values.index_select(2, src)
-        self._seek(past + n)
+            move_rows(layer.keys, past, accepted)
+            move_rows(layer.values, past, accepted)
+        self._seek(past + accepted.numel())
 
     def _mask(self, visible: torch.Tensor, past: int, rows: int) -> torch.Tensor:
         """[1, 1, rows, L] additive: committed rows and `visible` [k, k] open; a padded row sees itself."""

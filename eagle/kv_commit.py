@@ -24,12 +24,16 @@ import torch
 from transformers import DynamicCache
 
 
-def commit_rows(x: torch.Tensor, past_len: int, accepted: torch.Tensor) -> torch.Tensor:
-    """Move rows past_len + accepted [n] of x [B, H, S, D] to past_len.. and crop to past_len + n."""
-    n = accepted.numel()
+def move_rows(x: torch.Tensor, past_len: int, accepted: torch.Tensor) -> None:
+    """Move rows past_len + accepted [n] of x [B, H, S, D] to past_len.. (in place; a static cache stops here)."""
     src = (past_len + accepted).to(device=x.device, dtype=torch.long)
-    x[:, :, past_len : past_len + n] = x.index_select(2, src)  # index_select copies: no aliasing
-    return x[:, :, : past_len + n]
+    x[:, :, past_len : past_len + src.numel()] = x.index_select(2, src)  # index_select copies: no aliasing
+
+
+def commit_rows(x: torch.Tensor, past_len: int, accepted: torch.Tensor) -> torch.Tensor:
+    """`move_rows`, then crop x to past_len + n rows."""
+    move_rows(x, past_len, accepted)
+    return x[:, :, : past_len + accepted.numel()]
 
 
 def prepare_cache(cache: DynamicCache) -> None:
