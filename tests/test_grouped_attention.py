@@ -1,0 +1,53 @@
+"""eagle.grouped_attention.py: grouped-query attention with the heads of a group as rows equals HF's
+`sdpa` attention (keys and values repeated per head) under a tree mask, and the wrapper it
+installs leaves every call without its keyword to HF's function."""
+
+import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from eagle import grouped_attention
+
+
+class _Heads(torch.nn.Module):
+    num_key_value_groups = 3
+    is_causal = True
+
+
+def _inputs(rows: int, length: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    query = torch.randn(1, 9, rows, 16, generator=g)
+    key, value = torch.randn(1, 3, length, 16, generator=g), torch.randn(1, 3, length, 16, generator=g)
+    visible = torch.rand(rows, length, generator=g) < 0.6
+    visible[torch.arange(rows), torch.arange(rows) + length - rows] = True  # every row sees itself
+    mask = torch.zeros(1, 1, rows, length).masked_fill_(~visible, torch.finfo(torch.float32).min)
+    return query, key, value, mask
+
+
+def test_grouped_heads_as_rows_equal_repeated_keys():
+    for rows in (1, 2, 8):
+        query, key, value, mask = _inputs(rows, 40, seed=rows)
+        expected, _ = sdpa_attention_forward(_Heads(), query, key, value, mask, scaling=0.25)
+        got = grouped_attention.grouped_attention(query, key, value, mask, 0.25)
+        assert got.shape == expected.shape == (1, rows, 9, 16)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_wrapper_routes_only_calls_that_ask_for_it(monkeypatch):
+    calls = []
+
+    def hf(module, query, key, value, mask, dropout=0.0, scaling=None, **kwargs):
+        calls.append(kwargs)
+        return "hf", None
+
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, "sdpa", hf)
+    grouped_attention.install_grouped_sdpa()
+    grouped_attention.install_grouped_sdpa()  # idempotent: one wrapper
+    wrapped = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    assert wrapped.eagle_wraps is hf
+    query, key, value, mask = _inputs(4, 12)
+    assert wrapped(_Heads(), query, key, value, mask, scaling=0.25)[0] == "hf"
+    assert wrapped(_Heads(), query, key, value, mask, scaling=0.25, softcap=30.0, eagle_grouped=True)[0] == "hf"
+    assert all(grouped_attention.GROUPED not in kw for kw in calls)  # the keyword never reaches HF
+    out, _ = wrapped(_Heads(), query, key, value, mask, scaling=0.25, eagle_grouped=True)
+    assert out.shape == (1, 4, 9, 16) and len(calls) == 2
