@@ -21,9 +21,14 @@ the head. `tune_tree` measures both sides at load time:
    over calibration steps of the step's time minus that of the same tree's verify forward,
    timed just before it.
 
+3. **Plain decoding.** The ms per token of the model's own plain step (`naivegenerate`'s
+   forwards, compiled when the tree's are), timed last: it is the grid's row `total_token=1`
+   (τ = 1, no draft), and `EaModel` decodes a one-node tree without lookup by plain steps.
+
 The choice maximises mean(accepted + 1) / (draft(d) + verify(n) + rest) over the grid; of
-the choices within `TOLERANCE` of the best it takes the cheapest step (the smallest tree),
-since timings cannot tell them apart and a small tree costs least when the estimate is off.
+the choices within `TOLERANCE` of the best it takes the cheapest step (the smallest tree,
+plain decoding first), since timings cannot tell them apart and a small tree costs least when
+the estimate is off. So speculation is the default only where this device gains from it.
 
 The tuner drives a model only through its public step API (`prefill`, `draft_candidates`,
 `verify`, `discard`, `step`; eagle/model.py). `python -m evaluation.autotune --runs 4` tunes
@@ -68,12 +73,14 @@ class TreeBudget:
     verify_ms: dict[int, float] = field(default_factory=dict)
     draft_ms: dict[int, float] = field(default_factory=dict)
     rest_ms: float = 0.0
+    plain_ms: float | None = None  # one plain decoding step (the grid's total_token=1 row)
     accepted: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (n, d) -> per-step lengths
 
 
 def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, depths=DEPTHS,
-              steps_per_prompt: int = 16, repeats: int = 5) -> TreeBudget:
-    """Measure acceptance and cost on this device; return the fastest (total_token, depth)."""
+              steps_per_prompt: int = 16, repeats: int = 5, plain: bool = True) -> TreeBudget:
+    """Measure acceptance and cost on this device; return the fastest (total_token, depth), where
+    total_token=1 is plain decoding (plain=False: trees only)."""
     prompts = prompts if prompts is not None else calibration_prompts(model)
     sizes, depths = sorted(sizes), sorted(depths)
     accepted: dict[tuple[int, int], list[int]] = {(n, d): [] for n in sizes for d in depths}
@@ -92,9 +99,13 @@ def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, dep
         cost = draft_ms[d] + verify_ms[n] + rest_ms
         tau = statistics.fmean(lengths)
         grid.append({"total_token": n, "depth": d, "tau": tau, "ms_per_step": cost, "tokens_per_s": 1e3 * tau / cost})
+    plain_ms = _plain_ms(model, prompts[0], steps_per_prompt, repeats) if plain else None  # last: shares the cache
+    if plain_ms is not None:
+        grid.append({"total_token": 1, "depth": depths[0], "tau": 1.0, "ms_per_step": plain_ms,
+                     "tokens_per_s": 1e3 / plain_ms})
     best = choose(grid)
     return TreeBudget(best["total_token"], best["depth"], best["tokens_per_s"], grid, verify_ms, draft_ms, rest_ms,
-                      accepted)
+                      plain_ms, accepted)
 
 
 def choose(grid: list[dict], tolerance: float = TOLERANCE) -> dict:
@@ -197,13 +208,30 @@ def _draft_only(model, state, depth: int) -> None:
     model.draft_candidates(state, depth)
 
 
+def _plain_ms(model, ids: torch.Tensor, steps: int, rounds: int) -> float:
+    """ms per token of the model's plain decoding step: the fastest of `rounds` runs of `steps` steps
+    after the prompt ids [1, S] (a warm-up run first, which compiles the step if it is compiled)."""
+    best = float("inf")
+    for r in range(rounds + 1):
+        logits = model.plain.prefill(ids)
+        start = time.perf_counter()
+        for _ in range(steps):
+            logits = model.plain(logits.argmax().reshape(1))
+        if r:
+            best = min(best, (time.perf_counter() - start) * 1e3 / steps)
+    return best
+
+
 def describe(budget: TreeBudget) -> str:
     """One log line per depth: the best size and its expected tokens/s."""
     lines = [f"tree budget: total_token={budget.total_token} depth={budget.depth} "
              f"(expected {budget.tokens_per_second:.1f} tok/s; rest of step {budget.rest_ms:.1f} ms)",
              "  verify: " + ", ".join(f"n={n} {ms:.1f} ms" for n, ms in sorted(budget.verify_ms.items()))]
-    for d in sorted({r["depth"] for r in budget.grid}):
-        rows = [r for r in budget.grid if r["depth"] == d]
+    if budget.plain_ms is not None:
+        lines.append(f"  plain decoding: {budget.plain_ms:.1f} ms/token ({1e3 / budget.plain_ms:.0f}/s)")
+    trees = [r for r in budget.grid if r["total_token"] > 1]
+    for d in sorted({r["depth"] for r in trees}):
+        rows = [r for r in trees if r["depth"] == d]
         lines.append(f"  depth {d} (draft {budget.draft_ms[d]:.1f} ms): " + ", ".join(
             f"n={r['total_token']} τ={r['tau']:.2f} {r['tokens_per_s']:.0f}/s" for r in rows))
     return "\n".join(lines)

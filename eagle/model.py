@@ -128,6 +128,8 @@ class EaModel(nn.Module):
     def tune(self, prompts: list[torch.Tensor] | None = None, reuse: bool = True) -> TreeBudget:
         """Pick total_token and depth of the dynamic tree by measuring this device (eagle.autotune).
 
+        Plain decoding is a candidate (total_token=1, eagenerate then runs plain steps) unless the
+        settings add a lookup branch, whose gain the tuner does not measure.
         reuse: take the budget measured before for this head, target, dtype and machine
         (eagle.tuning_cache) instead of timing again; a new measurement on the calibration
         prompts is stored for the next load."""
@@ -136,7 +138,7 @@ class EaModel(nn.Module):
         budget = tuning_cache.load(key) if key is not None and reuse else None
         if budget is None:
             log.info("timing the draft tree on this machine (once: the pick is cached)")
-            budget = tune_tree(self, prompts, sizes)
+            budget = tune_tree(self, prompts, sizes, plain=not self.settings.lookup)
             if key is not None:
                 tuning_cache.save(key, budget)
         self.tuning = budget
@@ -167,6 +169,10 @@ class EaModel(nn.Module):
     def ea_generate(self, input_ids: torch.Tensor, temperature: float = 0.0, top_p: float = 0.0, top_k: int = 0,
                     max_new_tokens: int = 512, max_length: int = 2048) -> Iterator[torch.Tensor]:
         """Stream of newly accepted token ids ([n] long tensors) for input_ids [1, S]."""
+        if self.plain_decoding:
+            yield from self._plain_stream("eagle", input_ids, SamplingParams(temperature, top_p, top_k),
+                                          max_new_tokens, max_length)
+            return
         params = SamplingParams(temperature, top_p, top_k)
         stats, budget = self._start("eagle", input_ids, max_new_tokens, max_length)
         if budget.done:
@@ -186,8 +192,19 @@ class EaModel(nn.Module):
     def naive_generate(self, input_ids: torch.Tensor, temperature: float = 0.0, top_p: float = 0.0, top_k: int = 0,
                        max_new_tokens: int = 512, max_length: int = 2048) -> Iterator[torch.Tensor]:
         """Stream of tokens ([1] long tensors), one target forward each."""
-        params = SamplingParams(temperature, top_p, top_k)
-        stats, budget = self._start("naive", input_ids, max_new_tokens, max_length)
+        yield from self._plain_stream("naive", input_ids, SamplingParams(temperature, top_p, top_k),
+                                      max_new_tokens, max_length)
+
+    @property
+    def plain_decoding(self) -> bool:
+        """A one-node dynamic tree without lookup drafts nothing: eagenerate decodes by plain steps
+        (what `total_token="auto"` picks where no tree is faster on this device)."""
+        s = self.settings
+        return s.total_token == 1 and s.choices is None and s.tree == "dynamic" and not s.lookup
+
+    def _plain_stream(self, method: str, input_ids: torch.Tensor, params: SamplingParams, max_new_tokens: int,
+                      max_length: int) -> Iterator[torch.Tensor]:
+        stats, budget = self._start(method, input_ids, max_new_tokens, max_length)
         if budget.done:
             return
         start = time.perf_counter()

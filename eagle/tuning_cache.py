@@ -24,7 +24,7 @@ import torch
 from eagle.autotune import TreeBudget
 from eagle.targets import cache_dir
 
-VERSION = 1  # bump when the tuner's measurement changes, so old picks are not reused
+VERSION = 2  # 2: plain decoding is a candidate. Bump when the tuner's measurement changes, so old picks are not reused
 
 
 def budget_key(model, sizes, depths) -> dict:
@@ -38,7 +38,7 @@ def budget_key(model, sizes, depths) -> dict:
                           target.config.to_json_string(use_diff=False).encode()),
         "dtype": str(lm_head.dtype), "device": _device_name(lm_head.device), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "top_k": model.settings.top_k, "draft_vocab": model.draft_vocab_size,
-        "compiled": model.compiled is not None,
+        "compiled": model.compiled is not None, "plain_candidate": not model.settings.lookup,
     }
 
 
@@ -56,7 +56,8 @@ def load(key: dict) -> TreeBudget | None:
         fields = entry["budget"]
         return TreeBudget(fields["total_token"], fields["depth"], fields["tokens_per_second"], fields["grid"],
                           {int(n): ms for n, ms in fields["verify_ms"].items()},
-                          {int(d): ms for d, ms in fields["draft_ms"].items()}, fields["rest_ms"])
+                          {int(d): ms for d, ms in fields["draft_ms"].items()}, fields["rest_ms"],
+                          fields.get("plain_ms"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

@@ -115,7 +115,7 @@ def test_auto_budget_times_the_compiled_widths_and_decodes_losslessly(tmp_path, 
     target, head = near_bigram_pair(7, coupling=0.3)
     model = EaModel.from_modules(target, head, settings=TreeSettings(top_k=4), compile=True)
     assert sorted(model.tuning.verify_ms) == list(COMPILED_SIZES)
-    assert model.settings.total_token in COMPILED_SIZES
+    assert model.settings.total_token in (1, *COMPILED_SIZES)  # 1: plain steps were the fastest
     assert {rows for _, rows, hidden in model.compiled.shapes if hidden} >= set(COMPILED_SIZES)
     eager = EaModel.from_modules(target, head, settings=TreeSettings(top_k=4), compile=False)
     assert len(list((tmp_path / "tree-budgets").glob("*.json"))) == 2  # compiled and eager costs differ

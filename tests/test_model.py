@@ -397,7 +397,9 @@ def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless():
                 state, _ = model.step(state, build_tree(torch.cat([root, big[0][kept]]), reindex_parents(kept, big[2])),
                                        SamplingParams())
     assert real == budget.accepted
-    assert {(r["total_token"], r["depth"]) for r in budget.grid} == set(real)
+    assert {(r["total_token"], r["depth"]) for r in budget.grid if r["total_token"] > 1} == set(real)
+    plain = [r for r in budget.grid if r["total_token"] == 1]  # plain decoding is a candidate too
+    assert len(plain) == 1 and plain[0]["tau"] == 1.0 and plain[0]["ms_per_step"] == budget.plain_ms > 0
     assert max(max(v) for v in real.values()) >= 3  # long paths really occur
     auto = EaModel.from_modules(target, head, settings=TreeSettings(total_token="auto", top_k=4))
     assert auto.tuning is not None
@@ -406,6 +408,25 @@ def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless():
         EaModel(target, head, settings=TreeSettings(total_token="auto"))  # the constructor never times
     ids = prompt(1, 5)
     assert torch.equal(auto.eagenerate(ids, max_new_tokens=30), hf_greedy(target, ids, 30))
+
+
+def test_a_one_node_tree_decodes_by_plain_steps_and_the_tuner_can_pick_it(monkeypatch):
+    """total_token=1 (dynamic, no lookup) drafts nothing: eagenerate runs plain steps, same tokens;
+    where plain steps are the fastest row of the tuner's grid, "auto" picks them."""
+    from eagle import autotune
+
+    target, head = near_bigram_pair(4)
+    model = EaModel(target, head, settings=TreeSettings(total_token=1, depth=2, top_k=4))
+    assert model.plain_decoding and not EaModel(target, head, settings=replace(FIXED, lookup=3)).plain_decoding
+    monkeypatch.setattr(model, "draft", lambda state: pytest.fail("a one-node tree drafted"))
+    ids = prompt(2, 6)
+    out, new, steps = model.eagenerate(ids, max_new_tokens=20, log=True)
+    assert torch.equal(out, hf_greedy(target, ids, 20)) and new == 20 and model.last_stats.method == "eagle"
+    grid = [{"total_token": 8, "depth": 3, "tau": 1.5, "ms_per_step": 30.0, "tokens_per_s": 50.0},
+            {"total_token": 1, "depth": 3, "tau": 1.0, "ms_per_step": 19.8, "tokens_per_s": 50.5}]
+    assert autotune.choose(grid)["total_token"] == 1
+    grid[0]["tau"], grid[0]["tokens_per_s"] = 2.0, 66.7
+    assert autotune.choose(grid)["total_token"] == 8
 
 
 def test_bad_total_token_is_a_clear_error():
@@ -430,9 +451,9 @@ def test_a_tuned_budget_is_reused_for_the_same_head_target_and_machine(tmp_path,
     calls = []
     real = eagle.model.tune_tree
 
-    def counted(model, prompts=None, sizes=None):
+    def counted(model, prompts=None, sizes=None, **options):
         calls.append(1)
-        return real(model, prompts, sizes, steps_per_prompt=2, repeats=1)
+        return real(model, prompts, sizes, steps_per_prompt=2, repeats=1, **options)
 
     monkeypatch.setattr(eagle.model, "tune_tree", counted)
     target, head = near_bigram_pair(2)
