@@ -62,7 +62,7 @@ class Bench:
     """The target, tokenizer and one decoder per decoder method.
 
     heads: label -> loaded head; a method `KIND` uses heads["eagle2"] or heads["eagle3"], and
-    `KIND@LABEL` heads[LABEL]. A `-lookup` method reuses its plain method's tuned tree budget.
+    `KIND@LABEL` heads[LABEL]. A `-lookup` method reuses its plain method's tuned tree budget (a tree, not plain decoding).
     compile: our methods without the `-eager` suffix run compiled target forwards."""
 
     def __init__(self, target, tokenizer, heads: dict | None = None, methods: list[str] = (), assistant=None,
@@ -78,7 +78,8 @@ class Bench:
             kind, label = split_method(m)
             head = (heads or {})[label or default_head_label(kind)]
             plain = self.eagle.get(m.replace("-lookup", ""))
-            tuned = settings if plain is None else plain.settings
+            # a -lookup method times its own trees where its plain method's pick was plain decoding
+            tuned = settings if plain is None or plain.plain_decoding else plain.settings
             chosen = replace(tuned, tree="static" if kind == "eagle1" else "dynamic",
                              lookup=(settings.lookup or LOOKUP) if kind.endswith("-lookup") else 0)
             if kind == "naive":  # never drafts: the head only completes the EaModel, and nothing is tuned

@@ -87,3 +87,29 @@ def test_the_compiled_forward_probe_runs_and_matches_eager_in_fp32(tiny_dir):
     rows = main(["--base", str(tiny_dir), "--dtype", "float32", "--cache-len", "256", "--k", "4", "--reps", "2"])
     assert [r["way"] for r in rows] == ["dynamic", "static", "compiled"]
     assert all(r["ms"] > 0 and r["max_dlogit"] < 1e-3 and r.get("same_argmax", True) for r in rows)
+
+
+def test_a_lookup_method_tunes_its_own_tree_where_its_plain_method_decodes_plainly(tmp_path, monkeypatch):
+    """`eagle2-lookup` reuses eagle2's tuned budget, unless that budget is plain decoding (a lookup
+    branch on a one-node tree would waste its draft): then it times trees of its own."""
+    import eagle.model
+    from eagle.autotune import TreeBudget
+    from eagle.settings import TreeSettings
+    from evaluation.methods import Bench
+    from tests.tiny import near_bigram_pair
+
+    monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
+    asked = []
+
+    def fake_tune(model, prompts=None, sizes=None, plain=True):
+        asked.append(plain)
+        return TreeBudget(1, 3, 99.0) if plain else TreeBudget(8, 3, 50.0)
+
+    monkeypatch.setattr(eagle.model, "tune_tree", fake_tune)
+    target, head = near_bigram_pair(5)
+    bench = Bench(target, None, {"eagle2": head}, ["eagle2", "eagle2-lookup"], settings=TreeSettings(top_k=4),
+                  compile=False)
+    assert asked == [True, False]  # the lookup method's tuning leaves plain decoding out
+    assert bench.eagle["eagle2"].plain_decoding
+    lookup = bench.eagle["eagle2-lookup"]
+    assert not lookup.plain_decoding and (lookup.settings.total_token, lookup.settings.lookup) == (8, 10)
