@@ -9,8 +9,9 @@ The default is the fastest lossless choice measured here: `total_token="auto"`, 
 when a model is built (`EaModel.from_pretrained` / `EaModel.from_modules` time this device
 once, eagle/autotune.py, and reuse the pick on later loads, eagle/tuning_cache.py). On unseen
 MT-bench prompts a fixed 24-node, depth-5 tree gave 0.98x plain HF decoding on this CPU and
-the tuned one 1.19x (the tuner picks 8 nodes at depth 3 for the shipped head). An `EaModel`
-itself always holds a number.
+the tuned one 1.19x (session 12: 8 nodes at depth 3 for the shipped head, eager). Plain
+decoding is one of the tuner's candidates (total_token=1): with compiled forwards on this CPU
+it wins, and the default decodes by plain steps. An `EaModel` itself always holds a number.
 """
 
 from __future__ import annotations
