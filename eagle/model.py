@@ -134,11 +134,12 @@ class EaModel(nn.Module):
         (eagle.tuning_cache) instead of timing again; a new measurement on the calibration
         prompts is stored for the next load."""
         sizes = SIZES if self.compiled is None else COMPILED_SIZES  # compiled: a graph per size timed
-        key = tuning_cache.budget_key(self, sizes, DEPTHS) if prompts is None else None
+        plain = not self.settings.lookup
+        key = tuning_cache.budget_key(self, sizes, DEPTHS, plain) if prompts is None else None
         budget = tuning_cache.load(key) if key is not None and reuse else None
         if budget is None:
             log.info("timing the draft tree on this machine (once: the pick is cached)")
-            budget = tune_tree(self, prompts, sizes, plain=not self.settings.lookup)
+            budget = tune_tree(self, prompts, sizes, plain=plain)
             if key is not None:
                 tuning_cache.save(key, budget)
         self.tuning = budget
@@ -169,11 +170,10 @@ class EaModel(nn.Module):
     def ea_generate(self, input_ids: torch.Tensor, temperature: float = 0.0, top_p: float = 0.0, top_k: int = 0,
                     max_new_tokens: int = 512, max_length: int = 2048) -> Iterator[torch.Tensor]:
         """Stream of newly accepted token ids ([n] long tensors) for input_ids [1, S]."""
-        if self.plain_decoding:
-            yield from self._plain_stream("eagle", input_ids, SamplingParams(temperature, top_p, top_k),
-                                          max_new_tokens, max_length)
-            return
         params = SamplingParams(temperature, top_p, top_k)
+        if self.plain_decoding:
+            yield from self._plain_stream("eagle", input_ids, params, max_new_tokens, max_length)
+            return
         stats, budget = self._start("eagle", input_ids, max_new_tokens, max_length)
         if budget.done:
             return

@@ -27,8 +27,9 @@ from eagle.targets import cache_dir
 VERSION = 2  # 2: plain decoding is a candidate. Bump when the tuner's measurement changes, so old picks are not reused
 
 
-def budget_key(model, sizes, depths) -> dict:
-    """Everything a tuned budget depends on, with the weights as digests."""
+def budget_key(model, sizes, depths, plain: bool) -> dict:
+    """Everything a tuned budget depends on, with the weights as digests (plain: whether plain
+    decoding was a candidate)."""
     target, head = model.target, model.head
     lm_head = target.get_output_embeddings().weight
     return {
@@ -38,7 +39,7 @@ def budget_key(model, sizes, depths) -> dict:
                           target.config.to_json_string(use_diff=False).encode()),
         "dtype": str(lm_head.dtype), "device": _device_name(lm_head.device), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "top_k": model.settings.top_k, "draft_vocab": model.draft_vocab_size,
-        "compiled": model.compiled is not None, "plain_candidate": not model.settings.lookup,
+        "compiled": model.compiled is not None, "plain_candidate": plain,
     }
 
 

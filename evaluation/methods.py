@@ -62,7 +62,8 @@ class Bench:
     """The target, tokenizer and one decoder per decoder method.
 
     heads: label -> loaded head; a method `KIND` uses heads["eagle2"] or heads["eagle3"], and
-    `KIND@LABEL` heads[LABEL]. A `-lookup` method reuses its plain method's tuned tree budget (a tree, not plain decoding).
+    `KIND@LABEL` heads[LABEL]. A `-lookup` method reuses its plain method's tuned tree budget (a tree,
+    not plain decoding).
     compile: our methods without the `-eager` suffix run compiled target forwards."""
 
     def __init__(self, target, tokenizer, heads: dict | None = None, methods: list[str] = (), assistant=None,

@@ -1,4 +1,4 @@
-"""eagle.grouped_attention.py: grouped-query attention with the heads of a group as rows equals HF's
+"""eagle/grouped_attention.py: grouped-query attention with the heads of a group as rows equals HF's
 `sdpa` attention (keys and values repeated per head) under a tree mask, and the wrapper it
 installs leaves every call without its keyword to HF's function."""
 
