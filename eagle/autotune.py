@@ -14,18 +14,20 @@ the head. `tune_tree` measures both sides at load time:
    candidates of depth <= d. (Greedy decoding does not depend on the tree, so all budgets
    see the same contexts.)
 2. **Cost.** The wall time of the target forward over n tree tokens and of drafting to depth
-   d, each a straight line fitted to measurements: every size (depth) is timed in rounds that
-   visit all of them in turn, so a burst of load from another process hits all alike; each
-   keeps its fastest round (load only ever adds time), and the line through those smooths
-   what is left. Plus the rest of a step (acceptance, cache commit, head update): the median
-   over calibration steps of the step's time minus that of the same tree's verify forward,
-   timed just before it.
+   d with the pool width a tree of n nodes needs (`draft_width`: min(top_k, n - 1) children per
+   node). Every size (depth, width) is timed in rounds that visit all of them in turn, so a burst
+   of load from another process hits all alike; each keeps its fastest round (load only ever adds
+   time), and the closest non-decreasing costs to those (`monotone_costs`) remove what is left
+   of a burst without assuming a shape: compiled forwards of up to 4 rows run other kernels than
+   wider ones (eagle/compiled_target.py), so cost is not a line in n. Plus the rest of a step
+   (acceptance, cache commit, head update): the median over calibration steps of the step's time
+   minus that of the same tree's verify forward, timed just before it.
 
 3. **Plain decoding.** The ms per token of the model's own plain step (`naivegenerate`'s
    forwards, compiled when the tree's are), timed last: it is the grid's row `total_token=1`
    (τ = 1, no draft), and `EaModel` decodes a one-node tree without lookup by plain steps.
 
-The choice maximises mean(accepted + 1) / (draft(d) + verify(n) + rest) over the grid; of
+The choice maximises mean(accepted + 1) / (draft(width(n), d) + verify(n) + rest) over the grid; of
 the choices within `TOLERANCE` of the best it takes the cheapest step (the smallest tree,
 plain decoding first), since timings cannot tell them apart and a small tree costs least when
 the estimate is off. So speculation is the default only where this device gains from it.
@@ -45,14 +47,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from eagle.drafter import draft_width
 from eagle.tokenizer import chat_prompt
 from eagle.tree import Tree, build_tree, reindex_parents, select_nodes
 
 log = logging.getLogger("eagle")
 
 SIZES = (8, 12, 16, 24, 32, 48, 64)
-COMPILED_SIZES = (8, 16, 32, 64)  # compiled forwards: each width is a graph to compile (~35 s), so fewer
-DEPTHS = (3, 4, 5, 6, 7)
+COMPILED_SIZES = (2, 4, 8, 16, 32)  # compiled: each width is a graph to compile (35 s; 2 min up to 4 rows)
+DEPTHS = (1, 2, 3, 4, 5, 6, 7)
 TOLERANCE = 0.03  # choices this close to the best expected tokens/s count as equally fast
 CALIBRATION_TEXTS = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -71,7 +74,7 @@ class TreeBudget:
     tokens_per_second: float
     grid: list[dict] = field(default_factory=list)  # one row per (total_token, depth)
     verify_ms: dict[int, float] = field(default_factory=dict)
-    draft_ms: dict[int, float] = field(default_factory=dict)
+    draft_ms: dict[tuple[int, int], float] = field(default_factory=dict)  # (pool width, depth) -> ms
     rest_ms: float = 0.0
     plain_ms: float | None = None  # one plain decoding step (the grid's total_token=1 row)
     accepted: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (n, d) -> per-step lengths
@@ -91,12 +94,13 @@ def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, dep
         for _ in range(steps_per_prompt):
             state, seconds = _calibration_step(model, state, sizes, depths, accepted)
             rest.append(seconds)
-    verify_ms = fitted_costs(fastest_ms({n: lambda n=n: _verify_only(model, state, n) for n in sizes}, repeats))
-    draft_ms = fitted_costs(fastest_ms({d: lambda d=d: _draft_only(model, state, d) for d in depths}, repeats))
+    verify_ms = monotone_costs(fastest_ms({n: lambda n=n: _verify_only(model, state, n) for n in sizes}, repeats))
+    width = {n: draft_width(n, model.settings.top_k) for n in sizes}
+    draft_ms = _draft_costs(model, state, sorted(set(width.values())), depths, repeats)
     rest_ms = max(0.0, statistics.median(rest) * 1e3)
     grid = []
     for (n, d), lengths in accepted.items():
-        cost = draft_ms[d] + verify_ms[n] + rest_ms
+        cost = draft_ms[(width[n], d)] + verify_ms[n] + rest_ms
         tau = statistics.fmean(lengths)
         grid.append({"total_token": n, "depth": d, "tau": tau, "ms_per_step": cost, "tokens_per_s": 1e3 * tau / cost})
     plain_ms = _plain_ms(model, prompts[0], steps_per_prompt, repeats) if plain else None  # last: shares the cache
@@ -115,7 +119,7 @@ def choose(grid: list[dict], tolerance: float = TOLERANCE) -> dict:
     return min(close, key=lambda r: (r["ms_per_step"], r["total_token"], r["depth"]))
 
 
-def fastest_ms(fns: dict[int, Callable[[], None]], rounds: int) -> dict[int, float]:
+def fastest_ms(fns: dict[object, Callable[[], None]], rounds: int) -> dict[object, float]:
     """Each fn's fastest wall time in ms over `rounds` rounds that call every fn in turn, after a warm-up round.
 
     Interleaving spreads a burst of outside load over all keys instead of one; the fastest
@@ -130,16 +134,21 @@ def fastest_ms(fns: dict[int, Callable[[], None]], rounds: int) -> dict[int, flo
     return best
 
 
-def fitted_costs(ms: dict[int, float]) -> dict[int, float]:
-    """Least-squares line a + b·x through measured costs {x: ms} (b >= 0: more never costs less),
-    evaluated at each x."""
-    xs = list(ms)
-    if len(xs) < 2:
-        return dict(ms)
-    mx, my = statistics.fmean(xs), statistics.fmean(ms.values())
-    sxx = sum((x - mx) ** 2 for x in xs)
-    slope = max(0.0, sum((x - mx) * (ms[x] - my) for x in xs) / sxx) if sxx else 0.0
-    return {x: my + slope * (x - mx) for x in xs}
+def monotone_costs(ms: dict[int, float]) -> dict[int, float]:
+    """The non-decreasing costs closest (least squares) to measured {x: ms}: more never costs less.
+
+    Pools adjacent violators: a cost above a later one is averaged with it, so a single slow
+    measurement is shared out instead of kept, and costs that already rise are kept as measured."""
+    xs = sorted(ms)
+    blocks: list[list[float]] = []  # [sum, count] of pooled neighbours, in x order
+    for x in xs:
+        blocks.append([ms[x], 1])
+        while len(blocks) > 1 and blocks[-2][0] * blocks[-1][1] > blocks[-1][0] * blocks[-2][1]:
+            total, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += count
+    costs = [total / count for total, count in blocks for _ in range(int(count))]
+    return dict(zip(xs, costs, strict=True))
 
 
 def calibration_prompts(model) -> list[torch.Tensor]:
@@ -204,8 +213,14 @@ def _verify_only(model, state, n: int) -> None:
     model.discard(state)
 
 
-def _draft_only(model, state, depth: int) -> None:
-    model.draft_candidates(state, depth)
+def _draft_costs(model, state, widths: list[int], depths: list[int], rounds: int) -> dict[tuple[int, int], float]:
+    """{(width, depth): ms} of drafting pools of each width (children per node) and depth; monotone in depth."""
+    ms = fastest_ms({(k, d): lambda k=k, d=d: model.draft_candidates(state, d, k) for k in widths for d in depths},
+                    rounds)
+    out = {}
+    for k in widths:
+        out.update({(k, d): v for d, v in monotone_costs({d: ms[(k, d)] for d in depths}).items()})
+    return out
 
 
 def _plain_ms(model, ids: torch.Tensor, steps: int, rounds: int) -> float:
@@ -232,6 +247,7 @@ def describe(budget: TreeBudget) -> str:
     trees = [r for r in budget.grid if r["total_token"] > 1]
     for d in sorted({r["depth"] for r in trees}):
         rows = [r for r in trees if r["depth"] == d]
-        lines.append(f"  depth {d} (draft {budget.draft_ms[d]:.1f} ms): " + ", ".join(
+        drafts = ", ".join(f"width {k} {ms:.1f}" for (k, dd), ms in sorted(budget.draft_ms.items()) if dd == d)
+        lines.append(f"  depth {d} (draft ms: {drafts}): " + ", ".join(
             f"n={r['total_token']} τ={r['tau']:.2f} {r['tokens_per_s']:.0f}/s" for r in rows))
     return "\n".join(lines)

@@ -31,6 +31,7 @@ A compiled target holds one KV cache per bucket: run its generations one at a ti
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import time
@@ -47,6 +48,7 @@ from eagle.kv_commit import move_rows
 
 log = logging.getLogger("eagle")
 BUCKET = 256  # rows of the smallest cache
+AUTOTUNED_ROWS = 4  # forwards of up to this many rows autotune their matmuls (_options)
 torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # a graph per shape
 _RUNNERS: weakref.WeakKeyDictionary[nn.Module, CompiledTarget] = weakref.WeakKeyDictionary()
 
@@ -123,7 +125,7 @@ class CompiledTarget:
                      self.size)
         extra = {GROUPED: True} if self.grouped else {}
         start = time.perf_counter()
-        with inductor.patch(**_options(rows)):
+        with inductor.patch(**_options(rows)), _guards(compiling):
             out = self._compiled(input_ids=tokens[None], position_ids=positions[None],
                                  cache_position=torch.arange(past, past + rows, device=tokens.device),
                                  attention_mask=mask, past_key_values=self.cache, use_cache=True,
@@ -134,11 +136,14 @@ class CompiledTarget:
         return out
 
     def commit(self, past: int, accepted: torch.Tensor) -> None:
-        """Move rows past + accepted [n] to past.. in every layer; the next forward writes after them."""
-        for layer in self.cache.layers:
-            move_rows(layer.keys, past, accepted)
-            move_rows(layer.values, past, accepted)
-        self._seek(past + accepted.numel())
+        """Move rows past + accepted [n] to past.. in every layer; the next forward writes after them.
+        Rows already in place (accepted = 0, 1, .., n-1: a chain's prefix, or the root alone) stay."""
+        n = accepted.numel()
+        if not torch.equal(accepted.cpu(), torch.arange(n)):
+            for layer in self.cache.layers:
+                move_rows(layer.keys, past, accepted)
+                move_rows(layer.values, past, accepted)
+        self._seek(past + n)
 
     def _mask(self, visible: torch.Tensor, past: int, rows: int) -> torch.Tensor:
         """[1, 1, rows, L] additive: committed rows and `visible` [k, k] open; a padded row sees itself."""
@@ -174,13 +179,24 @@ class CompiledTarget:
 
 def _options(rows: int) -> dict:
     """Inductor settings a graph of `rows` rows compiles with. `freezing`: weights become graph constants
-    (prepacked matmuls on a CPU). One row also autotunes its matmuls between oneDNN and inductor's C++
-    GEMM template: on this CPU (bf16, SmolLM2-135M, 2 threads) the template's kernels made a one-token
-    forward 1.6-1.8x faster (24.8 -> 13.6-16.1 ms) for 2-3x the compile time; at 8-32 rows they were
-    slower than oneDNN's and autotuning chose oneDNN's anyway (docs/speed.md)."""
-    if rows > 1:
+    (prepacked matmuls on a CPU). Up to `AUTOTUNED_ROWS` rows the matmuls are also autotuned between
+    oneDNN and inductor's C++ GEMM template: on this CPU (bf16, SmolLM2-135M, 2 threads) the template's
+    kernels made forwards of 1, 2 and 4 rows 1.3-1.8x faster (one row 24.8 -> 13.6-17.9 ms; 4 rows
+    24.3 -> 16-19.6 ms) for 2-3x the compile time (~2 min a width); at 8-32 rows they were slower than
+    oneDNN's and autotuning chose oneDNN's anyway (docs/speed.md)."""
+    if rows > AUTOTUNED_ROWS:
         return {"freezing": True}
     return {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
+
+
+def _guards(compiling: bool):
+    """Dynamo's guard checks for a call: all of them while a shape compiles; after that only those that
+    tell this code object's graphs apart (`skip_guard_eval_unsafe`). The full checks cost 1-1.7 ms a
+    forward on a 135M target (272 parameters; 14-28 ms forwards), and nothing else changes between
+    the calls of a shape this runner has compiled: same module, dtype, cache tensors, inference mode."""
+    if compiling:
+        return contextlib.nullcontext()
+    return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
 
 
 def _pad(x: torch.Tensor, rows: int, value: int) -> torch.Tensor:

@@ -57,7 +57,7 @@ class Drafter:
     def dynamic(self, state: DecodeState, total_token: int, depth: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """EAGLE-2: grow the top_k best nodes by cumulative draft log-prob, then keep the
         total_token - 1 best of all. Returns tree tokens [N] and parents [N], root first."""
-        tokens, scores, parents = self.candidates(state, depth, top_k)
+        tokens, scores, parents = self.candidates(state, depth, draft_width(total_token, top_k))
         with record_function("eagle.draft.tree"):
             kept = select_nodes(scores, parents, total_token - 1)
             return torch.cat([state.root, tokens[kept]]), reindex_parents(kept, parents)
@@ -152,6 +152,15 @@ class DraftCache:
         with record_function("eagle.draft.head"):
             hidden, self.past = drafter.encode(features, tokens.to(device), positions, mask, self.past)
         return hidden, torch.arange(f, f + m)
+
+
+def draft_width(total_token: int, top_k: int) -> int:
+    """Children per expanded node that a dynamic tree of total_token nodes needs: min(top_k, total_token - 1).
+
+    Every one of the total_token - 1 best candidates ranks within the best total_token - 1 of its
+    siblings and of its depth (whatever outranks it is kept too), so the narrower pool holds the
+    same tree, for fewer head rows and fewer draft scores per level."""
+    return max(1, min(top_k, total_token - 1))
 
 
 def _cat(parts: list[torch.Tensor]) -> torch.Tensor:

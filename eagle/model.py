@@ -254,24 +254,31 @@ class EaModel(nn.Module):
                         tokens, parents = merge_chain(tokens, parents, chain)
                 return build_tree(tokens, parents)
 
-    def draft_candidates(self, state: DecodeState, depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The EAGLE-2 candidate pool of `depth` levels (tokens, scores, parents [M]; Drafter.candidates)."""
-        return self.drafter.candidates(state, depth, self.settings.top_k)
+    def draft_candidates(self, state: DecodeState, depth: int,
+                         top_k: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The EAGLE-2 candidate pool of `depth` levels, top_k (default: the settings') children per
+        expanded node (tokens, scores, parents [M]; Drafter.candidates)."""
+        return self.drafter.candidates(state, depth, top_k or self.settings.top_k)
 
     @property
     def verify_rows(self) -> int:
-        """Rows of a verify forward: the largest tree the settings draw (compiled forwards pad to it)."""
+        """Rows of the widest verify forward: the largest tree the settings draw, lookup chain included."""
         return self.settings.total_token + self.settings.lookup
+
+    def _verify_width(self, nodes: int) -> int:
+        """The width a compiled verify forward pads a tree of `nodes` to: the tree budget, or with a
+        lookup chain merged in, `verify_rows` (two graphs: a step without a chain stays narrow)."""
+        return self.settings.total_token if nodes <= self.settings.total_token else self.verify_rows
 
     def verify(self, state: DecodeState, tree: Tree, rows: int | None = None) -> Verified:
         """2. One target forward over the tree; appends its N rows to the target cache.
-        rows: compiled forwards pad the tree to this width (default `verify_rows`; one graph per width)."""
+        rows: compiled forwards pad the tree to this width (default `_verify_width`; one graph per width)."""
         past, device, n = state.committed, state.ids.device, tree.size
         tokens, positions = tree.tokens.to(device), past + tree.depths.to(device)  # [N]
         if self.compiled is not None:
             with record_function("eagle.verify.forward"):
-                out = self.compiled.forward(tokens, positions, tree.ancestors, past, max(rows or self.verify_rows, n),
-                                            hidden=True)
+                width = max(rows or self._verify_width(n), n)
+                out = self.compiled.forward(tokens, positions, tree.ancestors, past, width, hidden=True)
             return Verified(*self._outputs(out, n))
         with record_function("eagle.verify.mask"):
             mask = self._tree_masks(tree, state)

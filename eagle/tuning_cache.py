@@ -24,7 +24,7 @@ import torch
 from eagle.autotune import TreeBudget
 from eagle.targets import cache_dir
 
-VERSION = 2  # 2: plain decoding is a candidate. Bump when the tuner's measurement changes, so old picks are not reused
+VERSION = 3  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4. Bump when the tuner's measurement changes, so old picks are not reused
 
 
 def budget_key(model, sizes, depths, plain: bool) -> dict:
@@ -57,7 +57,7 @@ def load(key: dict) -> TreeBudget | None:
         fields = entry["budget"]
         return TreeBudget(fields["total_token"], fields["depth"], fields["tokens_per_second"], fields["grid"],
                           {int(n): ms for n, ms in fields["verify_ms"].items()},
-                          {int(d): ms for d, ms in fields["draft_ms"].items()}, fields["rest_ms"],
+                          {_pair(kd): ms for kd, ms in fields["draft_ms"].items()}, fields["rest_ms"],
                           fields.get("plain_ms"))
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -68,11 +68,18 @@ def save(key: dict, budget: TreeBudget) -> Path:
     path = path_of(key)
     path.parent.mkdir(parents=True, exist_ok=True)
     fields = {k: v for k, v in asdict(budget).items() if k != "accepted"}
+    fields["draft_ms"] = {f"{k},{d}": ms for (k, d), ms in budget.draft_ms.items()}  # JSON keys are strings
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     with os.fdopen(fd, "w") as f:
         json.dump({"key": key, "budget": fields}, f, indent=1)
     os.replace(tmp, path)
     return path
+
+
+def _pair(text: str) -> tuple[int, int]:
+    """"8,3" -> (8, 3): a (pool width, depth) key of draft_ms as stored."""
+    k, d = text.split(",")
+    return int(k), int(d)
 
 
 def _digest(tensors, extra) -> str:

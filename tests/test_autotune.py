@@ -5,22 +5,24 @@ import time
 
 import pytest
 
-from eagle.autotune import choose, fastest_ms, fitted_costs
+from eagle.autotune import choose, fastest_ms, monotone_costs
 
 
-def test_fitted_costs_recover_a_line_and_smooth_a_noisy_point():
+def test_monotone_costs_keep_rising_costs_and_a_kink():
+    costs = {2: 12.6, 4: 15.0, 8: 27.3, 16: 34.8, 32: 50.0}  # autotuned small forwards, then oneDNN's: not a line
+    assert monotone_costs(costs) == pytest.approx(costs)
+
+
+def test_monotone_costs_share_out_a_slow_measurement():
     line = {n: 40.0 + 0.75 * n for n in (8, 12, 16, 24, 32, 48, 64)}
-    assert fitted_costs(line) == pytest.approx(line)
     noisy = {**line, 8: line[8] + 30.0}  # one size timed while something else ran
-    fit = fitted_costs(noisy)
+    fit = monotone_costs(noisy)
     assert all(fit[a] <= fit[b] for a, b in itertools.pairwise(sorted(fit)))  # bigger trees never cost less
-    assert abs(fit[8] - line[8]) < 15.0 < noisy[8] - line[8]  # the burst is mostly smoothed away
-
-
-def test_fitted_costs_never_slope_down():
-    fit = fitted_costs({3: 20.0, 5: 12.0, 7: 10.0})
-    assert len(set(round(v, 9) for v in fit.values())) == 1  # a falling line is clamped flat at the mean
-    assert fitted_costs({4: 7.0}) == {4: 7.0}
+    assert abs(fit[8] - line[8]) < 15.0 < noisy[8] - line[8]  # the burst is mostly shared out
+    assert fit[64] == pytest.approx(line[64])  # costs after the pooled ones stay as measured
+    falling = monotone_costs({3: 20.0, 5: 12.0, 7: 10.0})
+    assert falling == pytest.approx({3: 14.0, 5: 14.0, 7: 14.0})  # a falling run pools to its mean
+    assert monotone_costs({4: 7.0}) == {4: 7.0}
 
 
 def test_fastest_ms_interleaves_rounds_and_keeps_each_keys_fastest():

@@ -58,7 +58,8 @@ def test_compiled_eagle_decoding_equals_hf_generate_across_buckets(tree):
         lengths += model.last_stats.accept_lengths
     assert max(lengths) >= 3
     assert {size for size, _, _ in model.compiled.shapes} == {256, 512}
-    assert {rows for _, rows, hidden in model.compiled.shapes if hidden} == {model.verify_rows}
+    widths = {rows for _, rows, hidden in model.compiled.shapes if hidden}  # a step with a lookup chain is wider
+    assert model.verify_rows in widths and widths <= {model.settings.total_token, model.verify_rows}
 
 
 def test_padded_rows_do_not_change_the_trees_logits():

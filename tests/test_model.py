@@ -286,6 +286,33 @@ def test_static_and_dynamic_tree_shapes():
     assert tree.tokens[1] != tree.tokens[2] and tree.tokens[3] != tree.tokens[4]
 
 
+def _paths(tokens: torch.Tensor, parents: torch.Tensor) -> set[tuple[int, ...]]:
+    """Every node of a tree as its root-to-node token path."""
+    paths: list[tuple[int, ...]] = []
+    for i, p in enumerate(parents.tolist()):
+        paths.append((*(paths[p] if p >= 0 else ()), int(tokens[i])))
+    return set(paths)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_pool_of_total_token_minus_one_children_drafts_the_same_tree(seed):
+    """The dynamic tree of n nodes from a pool min(top_k, n - 1) wide (draft_width) is the one the full
+    top_k pool gives: the n - 1 best candidates never rank below n - 1 among their siblings or depth."""
+    from eagle.drafter import draft_width
+    from eagle.tree import reindex_parents, select_nodes
+
+    target = tiny_llama(seed)
+    model = EaModel(target, random_head(target, seed), settings=TreeSettings(total_token=8, depth=4, top_k=8))
+    state, _ = model.prefill(prompt(seed, 9), SamplingParams())
+    for n in (2, 3, 5, 9):
+        for d in (1, 2, 4):
+            tokens, scores, parents = model.draft_candidates(state, d)  # the full pool, 8 children a node
+            kept = select_nodes(scores, parents, n - 1)
+            wide = _paths(torch.cat([state.root, tokens[kept]]), reindex_parents(kept, parents))
+            assert _paths(*model.drafter.dynamic(state, n, d, 8)) == wide, (n, d)
+            assert draft_width(n, 8) == min(8, n - 1)
+
+
 @pytest.mark.slow
 def test_embedded_target_greedy_equality_random_head():
     folder = embedded_target_or_skip()
