@@ -54,7 +54,7 @@ from eagle.tree import Tree, build_tree, reindex_parents, select_nodes
 log = logging.getLogger("eagle")
 
 SIZES = (8, 12, 16, 24, 32, 48, 64)
-COMPILED_SIZES = (2, 4, 8, 16, 32)  # compiled: each width is a graph to compile (35 s; 2 min up to 4 rows)
+COMPILED_SIZES = (2, 4, 8, 16, 32)  # compiled: each width is a graph to compile (~35 s; ~70 s up to 4 rows)
 DEPTHS = (1, 2, 3, 4, 5, 6, 7)
 TOLERANCE = 0.03  # choices this close to the best expected tokens/s count as equally fast
 CALIBRATION_TEXTS = (
