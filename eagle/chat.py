@@ -38,7 +38,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--chat-template", default=None, help="template name, .jinja file or template text")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")
     p.add_argument("--no-compile", action="store_true",
-                   help="eager target forwards: no compile at start (~35 s per shape), slower decoding")
+                   help="eager target forwards: no compile at start (~35-70 s per shape), slower decoding")
     tree_settings.add_arguments(p)
     return p.parse_args(argv)
 

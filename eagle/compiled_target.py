@@ -182,7 +182,7 @@ def _options(rows: int) -> dict:
     (prepacked matmuls on a CPU). Up to `AUTOTUNED_ROWS` rows the matmuls are also autotuned between
     oneDNN and inductor's C++ GEMM template: on this CPU (bf16, SmolLM2-135M, 2 threads) the template's
     kernels made forwards of 1, 2 and 4 rows 1.3-1.8x faster (one row 24.8 -> 13.6-17.9 ms; 4 rows
-    24.3 -> 16-19.6 ms) for 2-3x the compile time (~2 min a width); at 8-32 rows they were slower than
+    24.3 -> 16-19.6 ms) for 2-3x the compile time (~70 s a width); at 8-32 rows they were slower than
     oneDNN's and autotuning chose oneDNN's anyway (docs/speed.md)."""
     if rows > AUTOTUNED_ROWS:
         return {"freezing": True}

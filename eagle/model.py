@@ -99,7 +99,7 @@ class EaModel(nn.Module):
     def from_modules(cls, target: nn.Module, head: Head, tokenizer=None,
                      settings: TreeSettings = TreeSettings(), compile: bool | None = None) -> "EaModel":
         """An EaModel of loaded parts; `total_token="auto"` is timed on this device here (for the compiled
-        forwards when compiling, the default: each new shape compiles once per process, ~35 s)."""
+        forwards when compiling, the default: each new shape compiles once per process, ~35 s, ~70 s up to 4 rows)."""
         if not settings.auto:
             return cls(target, head, tokenizer, settings, compile)
         largest = settings.tuned(max(SIZES), max(DEPTHS))  # until tune() picks

@@ -24,7 +24,8 @@ import torch
 from eagle.autotune import TreeBudget
 from eagle.targets import cache_dir
 
-VERSION = 3  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4. Bump when the tuner's measurement changes, so old picks are not reused
+# Bump when the tuner's measurement changes, so old picks are not reused.
+VERSION = 3  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4
 
 
 def budget_key(model, sizes, depths, plain: bool) -> dict:
