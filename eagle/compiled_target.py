@@ -125,7 +125,7 @@ class CompiledTarget:
                      self.size)
         extra = {GROUPED: True} if self.grouped else {}
         start = time.perf_counter()
-        with inductor.patch(**_options(rows)), _guards(compiling):
+        with inductor.patch(**inductor_options(rows)), guards(compiling):
             out = self._compiled(input_ids=tokens[None], position_ids=positions[None],
                                  cache_position=torch.arange(past, past + rows, device=tokens.device),
                                  attention_mask=mask, past_key_values=self.cache, use_cache=True,
@@ -177,7 +177,7 @@ class CompiledTarget:
         self.cache = new
 
 
-def _options(rows: int) -> dict:
+def inductor_options(rows: int) -> dict:
     """Inductor settings a graph of `rows` rows compiles with. `freezing`: weights become graph constants
     (prepacked matmuls on a CPU). Up to `AUTOTUNED_ROWS` rows the matmuls are also autotuned between
     oneDNN and inductor's C++ GEMM template: on this CPU (bf16, SmolLM2-135M, 2 threads) the template's
@@ -189,7 +189,7 @@ def _options(rows: int) -> dict:
     return {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
 
 
-def _guards(compiling: bool):
+def guards(compiling: bool):
     """Dynamo's guard checks for a call: all of them while a shape compiles; after that only those that
     tell this code object's graphs apart (`skip_guard_eval_unsafe`). The full checks cost 1-1.7 ms a
     forward on a 135M target (272 parameters; 14-28 ms forwards), and nothing else changes between

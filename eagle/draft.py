@@ -183,13 +183,18 @@ class DraftAttention(nn.Module):
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         mask: torch.Tensor | None,  # [B or 1, 1, S, P+S] additive, or None for causal
         past: KVCache | None,
+        cache_rows: torch.Tensor | None = None,  # [S]: `past` is preallocated; the new rows go there
     ) -> tuple[torch.Tensor, KVCache]:
         b, s, _ = x.shape
         q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)  # [B, nH, S, D]
         k = self.k_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)  # [B, kvH, S, D]
         v = self.v_proj(x).view(b, s, self.n_kv, self.head_dim).transpose(1, 2)
         q, k = apply_rotary_pos_emb(q, k, *cos_sin)
-        if past is not None:
+        if cache_rows is not None:  # a fixed-shape cache [B, kvH, L, D], written in place; the mask spans L
+            past[0].index_copy_(2, cache_rows, k)
+            past[1].index_copy_(2, cache_rows, v)
+            k, v = past
+        elif past is not None:
             k = torch.cat([past[0], k], dim=2)  # [B, kvH, P+S, D]
             v = torch.cat([past[1], v], dim=2)
         causal = mask is None and past is None
@@ -216,9 +221,9 @@ class DraftLayer(nn.Module):
         self.post_attention_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.mlp = LlamaMLP(cfg.llama_config())
 
-    def forward(self, x, cos_sin, mask, past, residual=None):  # [B, S, in] -> [B, S, H]
+    def forward(self, x, cos_sin, mask, past, residual=None, cache_rows=None):  # [B, S, in] -> [B, S, H]
         residual = x if residual is None else residual
-        attn, kv = self.self_attn(self.input_layernorm(x) if self.norm_input else x, cos_sin, mask, past)
+        attn, kv = self.self_attn(self.input_layernorm(x) if self.norm_input else x, cos_sin, mask, past, cache_rows)
         x = residual + attn
         return x + self.mlp(self.post_attention_layernorm(x)), kv
 
@@ -243,9 +248,11 @@ class DraftHead(nn.Module):
         position_ids: torch.Tensor,  # [B, S]
         mask: torch.Tensor | None = None,  # [B or 1, 1, S, P+S] additive; None = causal
         past: KVCache | None = None,
+        cache_rows: torch.Tensor | None = None,  # [S]: write into a preallocated `past` [B, layers*kvH, L, D]
     ) -> tuple[torch.Tensor, KVCache]:
         """Return predicted features f̂_{t+1} [B, S, H] and the KV cache extended by S rows
-        ([B, layers*kvH, P+S, D] each: the layers' KV heads side by side)."""
+        ([B, layers*kvH, P+S, D] each: the layers' KV heads side by side). With `cache_rows`,
+        the rows are written into `past` in place (eagle/compiled_head.py) and the mask spans L."""
         dtype = self.fc.weight.dtype
         x = self.fc(torch.cat([token_embeds.to(dtype), features.to(dtype)], dim=-1))
         cos_sin = self._rope(x, position_ids)
@@ -255,7 +262,7 @@ class DraftHead(nn.Module):
         pasts = [None] * n if past is None else zip(*(t.chunk(n, dim=1) for t in past))  # per layer (k, v)
         keys, values = [], []
         for layer, layer_past in zip(self.layers, pasts):
-            x, (k, v) = layer(x, cos_sin, mask, layer_past)
+            x, (k, v) = layer(x, cos_sin, mask, layer_past, cache_rows=cache_rows)
             keys.append(k)
             values.append(v)
         return x, (_side_by_side(keys), _side_by_side(values))

@@ -32,9 +32,9 @@ class Eagle3Layer(DraftLayer):
         self.hidden_norm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
-    def forward(self, hidden, embeds, cos_sin, mask, past):  # [B, S, H] x2 -> [B, S, H]
+    def forward(self, hidden, embeds, cos_sin, mask, past, cache_rows=None):  # [B, S, H] x2 -> [B, S, H]
         x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, S, 2H]
-        return super().forward(x, cos_sin, mask, past, residual=hidden)
+        return super().forward(x, cos_sin, mask, past, residual=hidden, cache_rows=cache_rows)
 
 
 class Eagle3Head(nn.Module):
@@ -65,6 +65,7 @@ class Eagle3Head(nn.Module):
         position_ids: torch.Tensor,  # [B, S]
         mask: torch.Tensor | None = None,  # [B or 1, 1, S, P+S] additive; None = causal
         past: KVCache | None = None,
+        cache_rows: torch.Tensor | None = None,  # [S]: write into a preallocated `past` (eagle/draft.py)
     ) -> tuple[torch.Tensor, KVCache]:
         """Return the states a_t [B, S, H] and the KV cache extended by S rows."""
         dtype = self.fc.weight.dtype
@@ -74,7 +75,7 @@ class Eagle3Head(nn.Module):
         cos_sin = self._rope(hidden, position_ids)
         if mask is not None:
             mask = mask.to(dtype)
-        return self.midlayer(hidden, token_embeds.to(dtype), cos_sin, mask, past)
+        return self.midlayer(hidden, token_embeds.to(dtype), cos_sin, mask, past, cache_rows)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [..., Vd] of states [..., H]."""

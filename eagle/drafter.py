@@ -16,9 +16,9 @@ import torch
 from torch import nn
 from torch.profiler import record_function
 
-from eagle.draft import KVCache
-from eagle.state import DecodeState
-from eagle.tree import StaticTree, additive_mask, expand_topk, reindex_parents, select_nodes
+from eagle.compiled_head import CompiledHead, HeadRows
+from eagle.state import DecodeState, HeadPast
+from eagle.tree import StaticTree, additive_mask, causal_mask, expand_topk, reindex_parents, select_nodes
 from eagle.vocab import DraftVocabulary
 
 
@@ -28,8 +28,10 @@ class Drafter:
     The head's token input is the row of the target's embedding matrix, exactly what the trainer
     feeds it (train/frozen.py), also for families whose embedding module scales it (Gemma-3)."""
 
-    def __init__(self, head: nn.Module, embed: nn.Module, vocab: DraftVocabulary):
+    def __init__(self, head: nn.Module, embed: nn.Module, vocab: DraftVocabulary, compiled: bool = False):
         self.head, self.embed, self.vocab = head, embed, vocab
+        # compiled: head and scorer at fixed shapes over a preallocated head cache (eagle/compiled_head.py)
+        self.compiled = CompiledHead(head, vocab.scorer) if compiled else None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -39,18 +41,32 @@ class Drafter:
     def device(self) -> torch.device:
         return self.embed.weight.device
 
+    def prefill(self, features: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, HeadPast]:
+        """The head over a prompt's rows (features [S, F], next tokens [S]), causal, eager; returns
+        outputs [S, H] and the head cache (compiled: copied into the fixed-shape buffer)."""
+        hidden, past = self.encode(features, tokens, torch.arange(tokens.numel(), device=tokens.device), None, None)
+        return hidden, past if self.compiled is None else self.compiled.start(past)
+
     def encode(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-               mask: torch.Tensor | None, past: KVCache | None) -> tuple[torch.Tensor, KVCache]:
-        """Head rows (features [q, F], next tokens [q]) at positions [q] over `past`; returns
-        outputs [q, H] and the cache extended by q rows (`past` itself is not modified)."""
+               allowed: torch.Tensor | None, past: HeadPast | None) -> tuple[torch.Tensor, HeadPast]:
+        """Head rows (features [q, F], next tokens [q]) at positions [q] over `past`'s P rows;
+        allowed [q, P+q] bool (CPU): the rows each new row attends to (None: causal). Returns
+        outputs [q, H] and the cache with the q rows (the rows of `past` itself are not modified)."""
         embeds = torch.nn.functional.embedding(tokens, self.embed.weight)  # the matrix row, as the trainer reads it
+        if isinstance(past, HeadRows):
+            return self.compiled.encode(embeds, features, positions, allowed, past)
+        mask = None
+        if past is not None or allowed is not None:
+            mask = causal_mask(tokens.numel(), past[0].shape[2], self.dtype) if allowed is None else \
+                additive_mask(allowed, self.dtype)
+            mask = mask.to(embeds.device)
         hidden, past = self.head(features[None], embeds[None], positions[None], mask, past)
         return hidden[0], past
 
     def logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft log-probs [m, Vd] (fp32, CPU) of head outputs [m, H]."""
         with record_function("eagle.draft.lm_head"):
-            return self.vocab.logp(hidden)
+            return self.vocab.logp(hidden) if self.compiled is None else self.compiled.logp(hidden)
 
     # ---- EAGLE-2 ---------------------------------------------------------------------------
 
@@ -147,10 +163,9 @@ class DraftCache:
         self.ancestors = torch.cat([torch.cat([self.ancestors, torch.zeros(f, m, dtype=torch.bool)], dim=1), new_rows])
         allowed = torch.cat([torch.ones(m, self.committed, dtype=torch.bool), new_rows], dim=1)
         device = drafter.device
-        mask = additive_mask(allowed, drafter.dtype).to(device)
         positions = torch.full((m,), self.committed - 1 + depth, device=device)
         with record_function("eagle.draft.head"):
-            hidden, self.past = drafter.encode(features, tokens.to(device), positions, mask, self.past)
+            hidden, self.past = drafter.encode(features, tokens.to(device), positions, allowed, self.past)
         return hidden, torch.arange(f, f + m)
 
 

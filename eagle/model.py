@@ -17,7 +17,9 @@ EAGLE-3 heads read three target layers side by side instead of f_t; everything e
 
 Target forwards run compiled with fixed shapes by default (`compile`, eagle/compiled_target.py):
 the tree is padded to its budget and the KV cache is static, in buckets. `DecodeState.target_cache`
-is then the `CompiledTarget` that holds it; eager, it is HF's DynamicCache.
+is then the `CompiledTarget` that holds it; eager, it is HF's DynamicCache. The head and its scorer
+compile the same way (eagle/compiled_head.py): `DecodeState.head_past` is then `HeadRows`, the rows
+of the head's fixed-shape buffer; eager, the head's KV tensors.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from transformers import AutoModelForCausalLM, DynamicCache
 import eagle.tuning_cache as tuning_cache
 from eagle.autotune import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget, describe, tune_tree
 from eagle.checkpoint import Head, load_head
+from eagle.compiled_head import CompiledHead
 from eagle.compiled_target import CompiledTarget, compilable, wanted
 from eagle.drafter import Drafter
 from eagle.feature_layers import head_layers
@@ -47,7 +50,7 @@ from eagle.state import DecodeState
 from eagle.stats import GenerationStats, TokenBudget
 from eagle.targets import resolve_target
 from eagle.tokenizer import eos_token_ids, tokenizer_if_any
-from eagle.tree import Tree, build_tree, causal_mask, sliding_tree_mask, static_tree, tree_attention_mask
+from eagle.tree import Tree, build_tree, sliding_tree_mask, static_tree, tree_attention_mask
 from eagle.verify import SamplingParams, sample, verify_greedy, verify_sampling
 from eagle.vocab import DraftVocabulary
 
@@ -89,9 +92,10 @@ class EaModel(nn.Module):
         _check_head_fits(head, target)
         self.feature_layers = _feature_layers(head, target)  # hidden_states the head reads; None: the last
         vocab = DraftVocabulary.of(head, target.get_output_embeddings(), settings.draft_vocab)
-        self.drafter = Drafter(self.head, target.get_input_embeddings(), vocab)
-        # compiled (the default; compile=False or EAGLE_COMPILE=0 turn it off): the target's forwards at fixed
-        # shapes over a bucketed static cache (eagle/compiled_target.py); targets with sliding windows stay eager
+        # compiled (the default; compile=False or EAGLE_COMPILE=0 turn it off): head and scorer at fixed shapes
+        # (eagle/compiled_head.py), and the target's forwards at fixed shapes over a bucketed static cache
+        # (eagle/compiled_target.py); targets with sliding windows keep eager forwards
+        self.drafter = Drafter(self.head, target.get_input_embeddings(), vocab, compiled=wanted(compile))
         self.compiled = CompiledTarget.of(self.target) if wanted(compile) and compilable(self.target) else None
         self.plain = plain_step(self.target, self.compiled is not None)  # naive_generate's forwards
 
@@ -146,6 +150,11 @@ class EaModel(nn.Module):
         self.settings = self.settings.tuned(budget.total_token, budget.depth)
         log.info(describe(budget))
         return budget
+
+    @property
+    def runners(self) -> list[CompiledTarget | CompiledHead]:
+        """The compiled forwards' runners (target, head), each with `compile_seconds`; none when eager."""
+        return [r for r in (self.compiled, self.drafter.compiled) if r is not None]
 
     @property
     def draft_vocab_size(self) -> int:
@@ -224,7 +233,6 @@ class EaModel(nn.Module):
     def prefill(self, input_ids: torch.Tensor, params: SamplingParams = GREEDY) -> tuple[DecodeState, torch.Tensor]:
         """Target and head over the prompt [1, S]; returns the state and the first new token [1]."""
         s = input_ids.shape[1]
-        positions = torch.arange(s, device=input_ids.device)
         if self.compiled is not None:
             cache = self.compiled
             logits, features = self._outputs(self.compiled.prefill(input_ids, self.verify_rows, hidden=True), s)
@@ -236,7 +244,7 @@ class EaModel(nn.Module):
             commit_cache(cache, s, torch.zeros(0, dtype=torch.long))  # sliding-window layers: back to their window
         root = sample(logits[-1], params).reshape(1)  # [1]
         ids = torch.cat([input_ids, root[None]], dim=1)  # [1, S+1]
-        hidden, head_past = self.drafter.encode(features, ids[0, 1:], positions, None, None)
+        hidden, head_past = self.drafter.prefill(features, ids[0, 1:])
         return DecodeState(ids, cache, head_past, hidden[-1:]), root
 
     def draft(self, state: DecodeState) -> Tree:
@@ -322,9 +330,8 @@ class EaModel(nn.Module):
         new = torch.cat([tree.tokens.to(device)[path[1:].to(device)], torch.tensor([bonus], device=device)])  # [n]
         n = new.numel()
         with record_function("eagle.head.update"):  # head rows past .. past+n-1: (f of each accepted node, next token)
-            mask = causal_mask(n, past, self.drafter.dtype).to(device)
             positions = torch.arange(past, past + n, device=device)
-            hidden, head_past = self.drafter.encode(verified.features[path.to(device)], new, positions, mask,
+            hidden, head_past = self.drafter.encode(verified.features[path.to(device)], new, positions, None,
                                                     state.head_past)
         ids = torch.cat([state.ids, new[None]], dim=1)
         return DecodeState(ids, state.target_cache, head_past, hidden[-1:]), new

@@ -7,8 +7,11 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
+from eagle.compiled_head import HeadRows
 from eagle.compiled_target import CompiledTarget
 from eagle.draft import KVCache
+
+HeadPast = KVCache | HeadRows  # the head's cache: eager, its tensors; compiled, rows of a fixed buffer
 
 
 @dataclass
@@ -17,7 +20,7 @@ class DecodeState:
 
     ids: torch.Tensor  # [1, L] committed tokens (prompt + generated)
     target_cache: DynamicCache | CompiledTarget  # L-1 rows (compiled: its bucketed static cache)
-    head_past: KVCache  # L-1 rows; row t encodes (f_t, x_{t+1})
+    head_past: HeadPast  # L-1 rows; row t encodes (f_t, x_{t+1})
     draft_hidden: torch.Tensor  # [1, H] head output of row L-2: f̂_{L-1}, drafts x_L
 
     @property

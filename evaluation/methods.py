@@ -117,7 +117,7 @@ class Bench:
 
     def compile_seconds(self) -> float:
         """Seconds our compiled forwards have spent compiling so far (decoders on one target share graphs)."""
-        runners = {id(m.compiled): m.compiled for m in self.eagle.values() if m.compiled is not None}
+        runners = {id(r): r for m in self.eagle.values() for r in m.runners}
         return sum(r.compile_seconds for r in runners.values())
 
     def prompt_ids(self, history: list[dict]) -> torch.Tensor:

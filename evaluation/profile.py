@@ -78,7 +78,7 @@ def profile_generation(model, prompts: list[torch.Tensor], max_new_tokens: int) 
 
 def compile_seconds(model) -> float:
     """Seconds the model's compiled forwards have spent compiling so far (0 when eager)."""
-    return model.compiled.compile_seconds if model.compiled is not None else 0.0
+    return sum(r.compile_seconds for r in model.runners)
 
 
 def timed(fn, prompts: list[torch.Tensor], max_new_tokens: int) -> tuple[float, int, int]:
