@@ -32,7 +32,7 @@ import torch
 import torch._inductor.config as inductor
 from torch import nn
 
-from eagle.compiled_target import bucket, guards, inductor_options
+from eagle.compiled_target import bucket, guards, inductor_options, padded_mask
 from eagle.draft import KVCache
 
 log = logging.getLogger("eagle")
@@ -65,8 +65,8 @@ class CompiledHead:
     def start(self, past: KVCache) -> HeadRows:
         """Copy a prompt's head cache ([1, C, S, D] each) into a new buffer of bucket(S + ROOM) rows."""
         keys, values = past
-        s = keys.shape[2]
-        self.keys, self.values = _resized(keys, s, bucket(s + ROOM)), _resized(values, s, bucket(s + ROOM))
+        s, size = keys.shape[2], bucket(keys.shape[2] + ROOM)
+        self.keys, self.values = _resized(keys, s, size), _resized(values, s, size)
         return HeadRows(s)
 
     def encode(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
@@ -115,16 +115,10 @@ class CompiledHead:
         return self.scorer(hidden).float().log_softmax(dim=-1)
 
     def _mask(self, allowed: torch.Tensor | None, p: int, m: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
-        """[1, 1, rows, L] additive: `allowed` [m, p+m] (None: causal) over the first p+m rows; padded row
-        i sees row p+i only."""
+        """[1, 1, rows, L] additive: `allowed` [m, p+m] (None: causal) over the first p+m rows (padded_mask)."""
         if allowed is None:
             allowed = torch.cat([torch.ones(m, p, dtype=torch.bool), torch.ones(m, m, dtype=torch.bool).tril()], 1)
-        full = torch.zeros(rows, self.size, dtype=torch.bool)
-        full[:m, :p + m] = allowed
-        pad = torch.arange(m, rows)
-        full[pad, p + pad] = True
-        mask = torch.zeros(full.shape, dtype=dtype).masked_fill_(~full, torch.finfo(dtype).min)
-        return mask[None, None]
+        return padded_mask(allowed, rows, self.size, dtype)
 
 
 def _padded(m: int) -> int:

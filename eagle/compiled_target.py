@@ -146,15 +146,9 @@ class CompiledTarget:
         self._seek(past + n)
 
     def _mask(self, visible: torch.Tensor, past: int, rows: int) -> torch.Tensor:
-        """[1, 1, rows, L] additive: committed rows and `visible` [k, k] open; a padded row sees itself."""
-        k, dtype = visible.shape[0], self.target.dtype
-        allowed = torch.zeros(rows, self.size, dtype=torch.bool)
-        allowed[:, :past] = True
-        allowed[:k, past:past + k] = visible.cpu()
-        pad = torch.arange(k, rows)
-        allowed[pad, past + pad] = True
-        mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-        return mask[None, None].to(self.target.device)
+        """[1, 1, rows, L] additive: committed rows and `visible` [k, k] open (padded_mask)."""
+        allowed = torch.cat([torch.ones(visible.shape[0], past, dtype=torch.bool), visible.cpu()], dim=1)
+        return padded_mask(allowed, rows, self.size, self.target.dtype).to(self.target.device)
 
     def _seek(self, rows: int) -> None:
         """The next forward writes at row `rows` (StaticLayer appends at cumulative_length)."""
@@ -197,6 +191,18 @@ def guards(compiling: bool):
     if compiling:
         return contextlib.nullcontext()
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+
+
+def padded_mask(allowed: torch.Tensor, rows: int, size: int, dtype: torch.dtype) -> torch.Tensor:
+    """Additive [1, 1, rows, size] (CPU) for m new rows after p cached ones, padded to `rows`: allowed [m, p+m]
+    bool opens the real rows' pattern; padded row i (m <= i < rows) sees only its own cache row p+i."""
+    m = allowed.shape[0]
+    p = allowed.shape[1] - m
+    full = torch.zeros(rows, size, dtype=torch.bool)
+    full[:m, :p + m] = allowed
+    pad = torch.arange(m, rows)
+    full[pad, p + pad] = True
+    return torch.zeros(full.shape, dtype=dtype).masked_fill_(~full, torch.finfo(dtype).min)[None, None]
 
 
 def _pad(x: torch.Tensor, rows: int, value: int) -> torch.Tensor:
