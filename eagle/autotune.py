@@ -24,8 +24,12 @@ the head. `tune_tree` measures both sides at load time:
    minus that of the same tree's verify forward, timed just before it.
 
 3. **Plain decoding.** The ms per token of the model's own plain step (`naivegenerate`'s
-   forwards, compiled when the tree's are), timed last: it is the grid's row `total_token=1`
-   (τ = 1, no draft), and `EaModel` decodes a one-node tree without lookup by plain steps.
+   forward, compiled when the tree's are) over the same context, timed in the same rounds as the
+   verify widths: it is the grid's row `total_token=1` (τ = 1, no draft), and `EaModel` decodes a
+   one-node tree without lookup by plain steps. Timed apart, back to back, a compiled plain step
+   ran ~2 ms faster than between the other forwards (each frozen graph packs its own weights, so
+   one graph repeated keeps them warm), and the tuner picked plain steps where a 4-node tree
+   decoded 1.15x faster end to end (docs/speed.md, session 18).
 
 The choice maximises mean(accepted + 1) / (draft(width(n), d) + verify(n) + rest) over the grid; of
 the choices within `TOLERANCE` of the best it takes the cheapest step (the smallest tree,
@@ -56,6 +60,7 @@ log = logging.getLogger("eagle")
 SIZES = (8, 12, 16, 24, 32, 48, 64)
 COMPILED_SIZES = (2, 4, 8, 16, 32)  # compiled: each width is a graph to compile (~35 s; ~70 s up to 4 rows)
 DEPTHS = (1, 2, 3, 4, 5, 6, 7)
+PLAIN = "plain"  # the plain step's key among the timed forwards
 TOLERANCE = 0.03  # choices this close to the best expected tokens/s count as equally fast
 CALIBRATION_TEXTS = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -94,7 +99,13 @@ def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, dep
         for _ in range(steps_per_prompt):
             state, seconds = _calibration_step(model, state, sizes, depths, accepted)
             rest.append(seconds)
-    verify_ms = monotone_costs(fastest_ms({n: lambda n=n: _verify_only(model, state, n) for n in sizes}, repeats))
+    forwards: dict[object, Callable[[], None]] = {n: lambda n=n: _verify_only(model, state, n) for n in sizes}
+    if plain:  # timed in the same rounds as the verify widths: alike, or a burst of load favours one side
+        model.plain.prefill(state.ids[:, :-1])
+        forwards[PLAIN] = lambda: _plain_only(model, state)
+    ms = fastest_ms(forwards, repeats)
+    plain_ms = ms.pop(PLAIN, None)
+    verify_ms = monotone_costs(ms)
     width = {n: draft_width(n, model.settings.top_k) for n in sizes}
     draft_ms = _draft_costs(model, state, sorted(set(width.values())), depths, repeats)
     rest_ms = max(0.0, statistics.median(rest) * 1e3)
@@ -103,7 +114,6 @@ def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, dep
         cost = draft_ms[(width[n], d)] + verify_ms[n] + rest_ms
         tau = statistics.fmean(lengths)
         grid.append({"total_token": n, "depth": d, "tau": tau, "ms_per_step": cost, "tokens_per_s": 1e3 * tau / cost})
-    plain_ms = _plain_ms(model, prompts[0], steps_per_prompt, repeats) if plain else None  # last: shares the cache
     if plain_ms is not None:
         grid.append({"total_token": 1, "depth": depths[0], "tau": 1.0, "ms_per_step": plain_ms,
                      "tokens_per_s": 1e3 / plain_ms})
@@ -223,18 +233,12 @@ def _draft_costs(model, state, widths: list[int], depths: list[int], rounds: int
     return out
 
 
-def _plain_ms(model, ids: torch.Tensor, steps: int, rounds: int) -> float:
-    """ms per token of the model's plain decoding step: the fastest of `rounds` runs of `steps` steps
-    after the prompt ids [1, S] (a warm-up run first, which compiles the step if it is compiled)."""
-    best = float("inf")
-    for r in range(rounds + 1):
-        logits = model.plain.prefill(ids)
-        start = time.perf_counter()
-        for _ in range(steps):
-            logits = model.plain(logits.argmax().reshape(1))
-        if r:
-            best = min(best, (time.perf_counter() - start) * 1e3 / steps)
-    return best
+def _plain_only(model, state) -> None:
+    """One plain decoding step (`naivegenerate`'s forward) of the state's root, after the context
+    `tune_tree` prefilled the plain step with. Each call continues the last: the context grows by a
+    row a round, which changes a step's cost by nothing measurable (a compiled target shares its
+    static cache with the state, and no mask of the state's shows rows past its committed ones)."""
+    model.plain(state.root)
 
 
 def describe(budget: TreeBudget) -> str:

@@ -25,8 +25,9 @@ from eagle.autotune import TreeBudget
 from eagle.targets import cache_dir
 
 # Bump when the tuner's measurement changes, so old picks are not reused.
-VERSION = 4  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;
-#            4: the head and its scorer compiled (draft and rest of a step cost less)
+VERSION = 5  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;
+#            4: the head and its scorer compiled (draft and rest of a step cost less);
+#            5: the plain step timed in the verify widths' rounds (it was timed back to back, too fast)
 
 
 def budget_key(model, sizes, depths, plain: bool) -> dict:

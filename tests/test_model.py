@@ -395,8 +395,10 @@ def test_draft_vocab_without_a_stored_vocabulary_is_a_clear_error():
 # ---- total_token="auto" ----------------------------------------------------------------
 
 
-def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless():
-    """The tuner's accept length for every (n, d) equals verifying that tree for real, on every step."""
+def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless(monkeypatch):
+    """The tuner's accept length for every (n, d) equals verifying that tree for real, on every step;
+    the plain step is timed in the same rounds as the verify widths."""
+    from eagle import autotune
     from eagle.autotune import calibration_prompts, tune_tree
     from eagle.tree import build_tree, reindex_parents, select_nodes
     from eagle.verify import verify_greedy
@@ -405,8 +407,12 @@ def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless():
     model = EaModel(target, head, settings=TreeSettings(total_token=8, depth=3, top_k=4))
     sizes, depths, steps = (4, 8, 16), (2, 4), 6
     prompts = calibration_prompts(model)[:2]
+    timed, fastest = [], autotune.fastest_ms
+    monkeypatch.setattr(autotune, "fastest_ms", lambda fns, rounds: timed.append(set(fns)) or fastest(fns, rounds))
     with torch.inference_mode():
         budget = tune_tree(model, prompts, sizes=sizes, depths=depths, steps_per_prompt=steps, repeats=1)
+    assert {*sizes, autotune.PLAIN} in timed
+    with torch.inference_mode():
         real = {key: [] for key in budget.accepted}
         for ids in prompts:  # replay the calibration trajectory, verifying each (n, d) tree with the target
             state, _ = model.prefill(ids, SamplingParams())
