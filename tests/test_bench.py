@@ -5,8 +5,9 @@ import json
 import torch
 
 from data_prep.prompts import load_questions
-from evaluation.bench import main
+from evaluation.bench import divergence, main
 from evaluation.report import Run, markdown, n_alpha, summarize
+from tests.tiny import prompt, tiny_llama
 
 
 def test_n_alpha_from_accept_lengths():
@@ -23,6 +24,25 @@ def test_summary_speedup_tau_and_equality():
     assert table["eagle2"]["all"]["equal_to_vanilla"] == "1/2"
     assert table["eagle2"]["all"]["speedup"] == round((20 / 2.5) / (20 / 3.0), 3)
     assert "| eagle2 |" in markdown(table, ["vanilla", "eagle2"])
+    assert table["eagle2"]["all"]["near_ties"] == "0/1" and table["vanilla"]["all"]["near_ties"] is None
+    runs[-1].divergence = {"position": 3, "kind": "token", "near_tie": True}
+    table = summarize(runs)
+    assert table["eagle2"]["all"]["near_ties"] == "1/1" and "~1/1" in markdown(table, ["vanilla", "eagle2"])
+
+
+def test_a_divergence_between_equal_logits_is_a_near_tie_and_a_wide_one_is_not():
+    target = tiny_llama(seed=0).to(torch.bfloat16)
+    ids = prompt(0, 6)
+    with torch.no_grad():
+        logits = target(ids).logits[0, -1].float()
+        best, worst = int(logits.argmax()), int(logits.argmin())
+        twin = int(logits.argsort()[len(logits) // 2])  # a middling token: made to score exactly as `best`
+        target.lm_head.weight[twin] = target.lm_head.weight[best]
+    ref = torch.tensor([best, 5])
+    tie = divergence(target, ids, ref, torch.tensor([twin, 5]))
+    wide = divergence(target, ids, ref, torch.tensor([worst, 5]))
+    assert tie["position"] == 0 and tie["gap_ref_other"] == 0 and tie["near_tie"]
+    assert wide["gap_ref_other"] > 0.5 and not wide["near_tie"]
 
 
 def test_mtbench_questions_are_packaged():
@@ -113,3 +133,12 @@ def test_a_lookup_method_tunes_its_own_tree_where_its_plain_method_decodes_plain
     assert bench.eagle["eagle2"].plain_decoding
     lookup = bench.eagle["eagle2-lookup"]
     assert not lookup.plain_decoding and (lookup.settings.total_token, lookup.settings.lookup) == (8, 10)
+
+
+def test_rounding_measures_gap_errors_in_bf16_steps():
+    from evaluation.rounding import gap_errors
+
+    exact = torch.tensor([[20.0, 19.9, 0.0], [3.0, 1.0, 0.5]])  # fp32's gaps: 0.1 and 2.0
+    rounded = torch.tensor([[20.0, 20.0, 0.0], [3.0, 1.0, 0.5]])  # bf16 tied the first pair
+    error, gap = gap_errors(exact, rounded)  # steps: 0.125 at 16-32, 0.015625 at 2-4
+    assert torch.allclose(error, torch.tensor([0.8, 0.0])) and torch.allclose(gap, torch.tensor([0.8, 128.0]))
