@@ -82,7 +82,8 @@ def divergence(target, prompt: torch.Tensor, ref: torch.Tensor, other: torch.Ten
     logits = target(seq).logits[0, -1].float()
     top2 = logits.topk(2).values
     gap, scale = float(logits[ref[pos]] - logits[other[pos]]), float(logits.abs().max())
-    step = torch.finfo(target.dtype).eps * 2 ** math.floor(math.log2(scale))  # spacing of the dtype at `scale`
+    info = torch.finfo(target.dtype)
+    step = info.eps * 2 ** math.floor(math.log2(max(scale, info.tiny)))  # spacing of the dtype at `scale`
     return {"position": pos, "kind": "token", "gap_ref_other": round(gap, 4), "gap_top2": round(float(top2[0] - top2[1]), 4),
             "logit_scale": round(scale, 2), "gap_steps": round(abs(gap) / step, 2),
             "near_tie": abs(gap) <= NEAR_TIE_STEPS * step}
