@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import resource
 from collections import defaultdict
@@ -28,6 +27,7 @@ import eagle.settings as tree_settings
 from data_prep.prompts import Question, first_per_category, load_questions
 from evaluation.methods import DECODERS, METHODS, Bench, default_head_label, split_method
 from evaluation.report import Run, markdown, plots, summarize
+from evaluation.rounding import rounding_steps
 from evaluation.vllm_engine import VLLM_METHODS, VllmEngine, rss_mb
 
 
@@ -82,8 +82,7 @@ def divergence(target, prompt: torch.Tensor, ref: torch.Tensor, other: torch.Ten
     logits = target(seq).logits[0, -1].float()
     top2 = logits.topk(2).values
     gap, scale = float(logits[ref[pos]] - logits[other[pos]]), float(logits.abs().max())
-    info = torch.finfo(target.dtype)
-    step = info.eps * 2 ** math.floor(math.log2(max(scale, info.tiny)))  # spacing of the dtype at `scale`
+    step = float(rounding_steps(logits[None], target.dtype))  # spacing of the target's dtype at `scale`
     return {"position": pos, "kind": "token", "gap_ref_other": round(gap, 4), "gap_top2": round(float(top2[0] - top2[1]), 4),
             "logit_scale": round(scale, 2), "gap_steps": round(abs(gap) / step, 2),
             "near_tie": abs(gap) <= NEAR_TIE_STEPS * step}

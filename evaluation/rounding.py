@@ -30,10 +30,12 @@ from eagle.targets import load_target, resolve_target
 from eagle.tokenizer import chat_prompt, load_tokenizer
 
 
-def rounding_steps(logits: torch.Tensor) -> torch.Tensor:
-    """[P] the spacing of bf16 at each row's largest |logit| (logits [P, V], any float dtype)."""
-    scale = logits.float().abs().amax(dim=-1)  # [P]
-    return torch.finfo(torch.bfloat16).eps * torch.exp2(torch.floor(torch.log2(scale)))
+def rounding_steps(logits: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """[P] the spacing of `dtype` at each row's largest |logit| (logits [P, V], any float dtype; an
+    all-zero row gets the spacing at the dtype's smallest normal number)."""
+    info = torch.finfo(dtype)
+    scale = logits.float().abs().amax(dim=-1).clamp(min=info.tiny)  # [P]
+    return info.eps * torch.exp2(torch.floor(torch.log2(scale)))
 
 
 def gap_errors(exact: torch.Tensor, rounded: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
