@@ -7,7 +7,7 @@ import hydra
 from omegaconf import DictConfig
 
 from data_prep.conversations import DataError
-from data_prep.lock import Busy
+from eagle.common.locks import Busy
 from data_prep.pipeline import prepare
 from data_prep.plan import make_plan
 from data_prep.resolvers import register_resolvers

@@ -15,8 +15,8 @@ import sys
 import torch
 
 from data_prep.store import FeatureStore, sha256_file
-from eagle.targets import resolve_target
-from eagle.tokenizer import load_tokenizer
+from eagle.targets.resolve import resolve_target
+from eagle.targets.tokenizer import load_tokenizer
 
 
 def check_hashes(store: FeatureStore) -> list[str]:

@@ -143,7 +143,7 @@ def _locate(source: str) -> tuple[Path | str, str]:
     if source.startswith(HUB_FILE):
         return _hub_file(source), source
     if source in PACKAGED:
-        from eagle.packaged import packaged_file
+        from eagle.targets.packaged import packaged_file
 
         path = packaged_file(*PACKAGED[source])
         return path, str(path)

@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from data_prep import distributed
+from eagle.common import distributed
 from data_prep.conversations import Conversation, DataError, expand_sources, read_conversations
-from data_prep.features import compute_records
-from data_prep.lock import exclusive
+from data_prep.target_forward import compute_records
+from eagle.common.locks import exclusive
 from data_prep.plan import check_fits, make_plan
 from data_prep.reuse import Donors, link_shard
 from data_prep.store import (
@@ -37,8 +37,8 @@ from data_prep.store import (
     write_shard,
 )
 from data_prep.template import template_hash, tokenize_chunk
-from eagle.targets import load_target, resolve_target
-from eagle.tokenizer import load_tokenizer
+from eagle.targets.resolve import load_target, resolve_target
+from eagle.targets.tokenizer import load_tokenizer
 
 log = logging.getLogger("data_prep")
 
@@ -60,7 +60,7 @@ class Job:
 
 def prepare(cfg) -> Path:
     """Build (or finish) the feature store at `cfg.store_dir`; return its path. One job at a time
-    writes a store (data_prep/lock.py)."""
+    writes a store (eagle/common/locks.py)."""
     out = Path(cfg.store_dir).expanduser()
     rank, world = distributed.init()
     with writing_store(out, rank):

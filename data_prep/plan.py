@@ -16,7 +16,7 @@ Store bytes per token: 4 (input id) + 1 (loss mask) + 2·H (bf16 feature) + 2·K
 extra layers): ~8 KB at H=4096 for EAGLE-2 and ~32 KB for EAGLE-3 (twice that in fp32).
 
 Both ways of feeding the trainer are costed, and one is recommended (`Choice`): the store
-(`train.features=store`: disk, one target pass in all) or online (`train.features=online`: no
+(`train.feature_source=store`: disk, one target pass in all) or online (`train.feature_source=online`: no
 disk, one target forward per epoch, counted as 2 × parameters FLOPs per token against the
 head's training, 6 × head parameters + 4 × V_draft × H + 2 × V_target × H per token).
 """
@@ -27,8 +27,8 @@ import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from eagle.feature_layers import fused_layers
-from eagle.vocab import draft_vocab_size
+from eagle.heads.feature_layers import fused_layers
+from eagle.heads.draft_vocab import draft_vocab_size
 
 GB = 2**30
 SAMPLE = 256  # conversations tokenized to measure tokens per conversation
@@ -99,13 +99,13 @@ class Choice:
     def lines(self, plan: Plan) -> list[str]:
         per_epoch = (self.target_flops + self.head_flops) / self.head_flops
         kind, why = self.recommend(plan)
-        return [f"option store (train.features=store): {plan.store_bytes / GB:,.2f} GB on disk, one target pass "
+        return [f"option store (train.feature_source=store): {plan.store_bytes / GB:,.2f} GB on disk, one target pass "
                 f"({self.target_flops / 1e15:,.1f} PFLOP) before training",
-                f"option online (train.features=online): no disk; a target forward in every step, "
+                f"option online (train.feature_source=online): no disk; a target forward in every step, "
                 f"+{self.target_flops / 1e15:,.1f} PFLOP per epoch over the head's {self.head_flops / 1e15:,.1f} "
                 f"({per_epoch:,.1f}x an offline epoch; {self.epochs:g} epochs), {self.online_gb:,.1f} GB device "
                 f"memory per rank with the target",
-                f"recommended: train.features={kind} ({why})"]
+                f"recommended: train.feature_source={kind} ({why})"]
 
 
 def make_plan(cfg, tokenizer=None, conversations=None) -> Plan:
@@ -164,7 +164,7 @@ def _local_config(cfg):
     """The target's transformers config without touching the network, or None."""
     from transformers import AutoConfig
 
-    from eagle.targets import local_target
+    from eagle.targets.resolve import local_target
 
     path = str(cfg.model.path)
     try:
@@ -175,8 +175,8 @@ def _local_config(cfg):
 
 
 def _local_tokenizer(cfg):
-    from eagle.targets import local_target
-    from eagle.tokenizer import load_tokenizer
+    from eagle.targets.resolve import local_target
+    from eagle.targets.tokenizer import load_tokenizer
 
     folder = local_target(str(cfg.model.path))
     if folder is None:

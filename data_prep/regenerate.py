@@ -19,11 +19,11 @@ import torch
 from tqdm import tqdm
 from transformers import DynamicCache
 
-from data_prep import distributed
+from eagle.common import distributed
 from data_prep.conversations import Conversation
-from eagle.targets import load_target
-from eagle.tokenizer import eos_token_ids
-from eagle.verify import SamplingParams, sample
+from eagle.targets.resolve import load_target
+from eagle.targets.tokenizer import eos_token_ids
+from eagle.decoding.verify import SamplingParams, sample
 
 log = logging.getLogger("data_prep")
 

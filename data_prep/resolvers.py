@@ -1,6 +1,6 @@
 """The Hydra config's resolvers: which target layers (and which slice of the data) a store captures.
 
-`model.feature_layers` lists `hidden_states` indices (eagle/feature_layers.py): [-1] for
+`model.feature_layers` lists `hidden_states` indices (eagle/heads/feature_layers.py): [-1] for
 EAGLE-1/2 heads; `head=eagle3` asks for the paper's low, middle and high layer plus the last
 one (whose `lm_head` gives the target distribution the EAGLE-3 loss needs). Three resolvers
 keep the YAML short and the store directories apart; every entry point that composes
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from omegaconf import ListConfig, OmegaConf
 
-from eagle.feature_layers import default_fused, store_layers
+from eagle.heads.feature_layers import default_fused, store_layers
 
 
 def eagle3_layers(num_layers) -> ListConfig:

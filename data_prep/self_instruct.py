@@ -37,8 +37,8 @@ from data_prep.conversations import Conversation
 from data_prep.regenerate import ReplyGenerator
 from data_prep.resolvers import register_resolvers
 from data_prep.store import write_json_atomic
-from eagle.targets import load_target, resolve_target
-from eagle.tokenizer import load_tokenizer
+from eagle.targets.resolve import load_target, resolve_target
+from eagle.targets.tokenizer import load_tokenizer
 
 log = logging.getLogger("data_prep")
 

@@ -1,4 +1,4 @@
-"""The feature store: sharded safetensors plus `manifest.json` (format in DESIGN.md).
+"""The feature store: sharded safetensors plus `manifest.json` (format in docs/design.md).
 
 Writer side (`write_shard`, `write_manifest`) is used by data_prep; reader side
 (`FeatureStore`) by train. One shard holds many records as flat tensors:

@@ -1,4 +1,4 @@
-"""The store's records without their features: what online training reads (train.features=online).
+"""The store's records without their features: what online training reads (train.feature_source=online).
 
     records = token_records(cfg)   # every rank: the same records, in the store's order
     records[i]                     # Record(input_ids [S], loss_mask [S], hidden_states=None)
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from data_prep import distributed
+from eagle.common import distributed
 from data_prep.conversations import DataError
 from data_prep.pipeline import open_job, writing_store
 from data_prep.store import Record

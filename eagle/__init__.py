@@ -1,6 +1,6 @@
 """EAGLE speculative decoding: draft head, trees, verification and the `EaModel` decoder.
 
-`from eagle import EaModel` imports the decoder lazily, so `import eagle.draft` (used by
+`from eagle import EaModel` imports the decoder lazily, so `import eagle.heads.eagle2` (used by
 training) stays light and importing the package has no side effects.
 """
 

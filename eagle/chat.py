@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-import eagle.settings as tree_settings
-from eagle.targets import EMBEDDED_DEFAULT
+import eagle.decoding.settings as tree_settings
+from eagle.targets.resolve import EMBEDDED_DEFAULT
 
 SHIPPED_HEAD = Path(__file__).resolve().parents[1] / "checkpoints" / "eagle-smollm2-135m-instruct"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -54,11 +54,11 @@ def head_missing(head: str) -> bool:
 def build_model(args: argparse.Namespace):
     from transformers import AutoModelForCausalLM
 
-    from eagle.checkpoint import load_head
-    from eagle.draft import DraftConfig, DraftHead
+    from eagle.heads.checkpoint import load_head
+    from eagle.heads.eagle2 import DraftConfig, DraftHead
     from eagle.model import EaModel
-    from eagle.targets import resolve_target
-    from eagle.tokenizer import load_tokenizer
+    from eagle.targets.resolve import resolve_target
+    from eagle.targets.tokenizer import load_tokenizer
 
     dtype = DTYPES[args.dtype]
     folder = resolve_target(args.target)
@@ -88,7 +88,7 @@ def read_turns(interactive: bool):
 
 def reply(model, messages: list[dict], args: argparse.Namespace) -> str:
     """Stream one assistant reply to stdout and return its text."""
-    from eagle.tokenizer import chat_prompt
+    from eagle.targets.tokenizer import chat_prompt
 
     tokenizer = model.tokenizer
     ids = chat_prompt(tokenizer, messages)  # [1, S]

@@ -1,12 +1,12 @@
 """`EaModel`: a frozen target LLM plus an EAGLE draft head, decoding losslessly.
 
 One decode step (batch size 1) is four public calls, which `step` chains and which the tuner
-(eagle/autotune.py), the profiler and tests drive one by one:
+(eagle/tuning/tuner.py), the profiler and tests drive one by one:
 
     state, first = model.prefill(input_ids)      # target + head over the prompt
-    tree = model.draft(state)                    # 1. the head's tree (eagle/drafter.py)
+    tree = model.draft(state)                    # 1. the head's tree (eagle/decoding/tree_drafter.py)
     verified = model.verify(state, tree)         # 2. one target forward over the tree (tree mask)
-    path, bonus = model.accept(tree, verified)   # 3. greedy match or rejection sampling (eagle/verify.py)
+    path, bonus = model.accept(tree, verified)   # 3. greedy match or rejection sampling (eagle/decoding/verify.py)
     state, new = model.commit(state, tree, verified, path, bonus)   # 4. keep the accepted rows
 
 Conventions. Feature f_t = target `hidden_states[-1]` at position t (after the final norm, so
@@ -15,10 +15,10 @@ outputs f̂_{t+1}; draft logits are the draft vocabulary's scores of f̂. The *r
 tree is the last committed token: decided by the target but not yet in either KV cache.
 EAGLE-3 heads read three target layers side by side instead of f_t; everything else is shared.
 
-Target forwards run compiled with fixed shapes by default (`compile`, eagle/compiled_target.py):
+Target forwards run compiled with fixed shapes by default (`compile`, eagle/compiled/target_graphs.py):
 the tree is padded to its budget and the KV cache is static, in buckets. `DecodeState.target_cache`
 is then the `CompiledTarget` that holds it; eager, it is HF's DynamicCache. The head and its scorer
-compile the same way (eagle/compiled_head.py): `DecodeState.head_past` is then `HeadRows`, the rows
+compile the same way (eagle/compiled/head_graphs.py): `DecodeState.head_past` is then `HeadRows`, the rows
 of the head's fixed-shape buffer; eager, the head's KV tensors.
 """
 
@@ -35,24 +35,24 @@ from torch import nn
 from torch.profiler import record_function
 from transformers import AutoModelForCausalLM, DynamicCache
 
-import eagle.tuning_cache as tuning_cache
-from eagle.autotune import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget, describe, tune_tree
-from eagle.checkpoint import Head, load_head
-from eagle.compiled_head import CompiledHead
-from eagle.compiled_target import CompiledTarget, compilable, wanted
-from eagle.drafter import Drafter
-from eagle.feature_layers import head_layers
-from eagle.kv_commit import commit_cache, prepare_cache
-from eagle.lookup import lookup_chain, merge_chain
-from eagle.plain_step import plain_step
-from eagle.settings import TreeSettings
-from eagle.state import DecodeState
-from eagle.stats import GenerationStats, TokenBudget
-from eagle.targets import resolve_target
-from eagle.tokenizer import eos_token_ids, tokenizer_if_any
-from eagle.tree import Tree, build_tree, sliding_tree_mask, static_tree, tree_attention_mask
-from eagle.verify import SamplingParams, sample, verify_greedy, verify_sampling
-from eagle.vocab import DraftVocabulary
+import eagle.tuning.budget_cache as tuning_cache
+from eagle.tuning.tuner import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget, describe, tune_tree
+from eagle.heads.checkpoint import Head, load_head
+from eagle.compiled.head_graphs import CompiledHead
+from eagle.compiled.target_graphs import CompiledTarget, compilable, wanted
+from eagle.decoding.tree_drafter import Drafter
+from eagle.heads.feature_layers import head_layers
+from eagle.decoding.kv_commit import commit_cache, prepare_cache
+from eagle.decoding.prompt_lookup import lookup_chain, merge_chain
+from eagle.decoding.plain_step import plain_step
+from eagle.decoding.settings import TreeSettings
+from eagle.decoding.state import DecodeState
+from eagle.decoding.stats import GenerationStats, TokenBudget
+from eagle.targets.resolve import resolve_target
+from eagle.targets.tokenizer import eos_token_ids, tokenizer_if_any
+from eagle.decoding.tree import Tree, build_tree, sliding_tree_mask, static_tree, tree_attention_mask
+from eagle.decoding.verify import SamplingParams, sample, verify_greedy, verify_sampling
+from eagle.heads.draft_vocab import DraftVocabulary
 
 log = logging.getLogger("eagle")
 GREEDY = SamplingParams()
@@ -93,8 +93,8 @@ class EaModel(nn.Module):
         self.feature_layers = _feature_layers(head, target)  # hidden_states the head reads; None: the last
         vocab = DraftVocabulary.of(head, target.get_output_embeddings(), settings.draft_vocab)
         # compiled (the default; compile=False or EAGLE_COMPILE=0 turn it off): head and scorer at fixed shapes
-        # (eagle/compiled_head.py), and the target's forwards at fixed shapes over a bucketed static cache
-        # (eagle/compiled_target.py); targets with sliding windows keep eager forwards
+        # (eagle/compiled/head_graphs.py), and the target's forwards at fixed shapes over a bucketed static cache
+        # (eagle/compiled/target_graphs.py); targets with sliding windows keep eager forwards
         self.drafter = Drafter(self.head, target.get_input_embeddings(), vocab, compiled=wanted(compile))
         self.compiled = CompiledTarget.of(self.target) if wanted(compile) and compilable(self.target) else None
         self.plain = plain_step(self.target, self.compiled is not None)  # naive_generate's forwards
@@ -121,7 +121,7 @@ class EaModel(nn.Module):
         Tree settings: a `TreeSettings`, or its fields as keywords (`total_token=60, depth=6,
         top_k=10`, `tree="static"`, `draft_vocab=8192`, `lookup=10`); `total_token="auto"`
         times this device and picks the dynamic tree's budget and depth. compile (default on, unless
-        EAGLE_COMPILE=0): the target's forwards compiled with fixed shapes (eagle/compiled_target.py)."""
+        EAGLE_COMPILE=0): the target's forwards compiled with fixed shapes (eagle/compiled/target_graphs.py)."""
         settings = TreeSettings(**tree) if settings is None else TreeSettings(**{**settings.__dict__, **tree})
         path = resolve_target(base_model_path)
         target = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
@@ -130,12 +130,12 @@ class EaModel(nn.Module):
 
     @torch.inference_mode()
     def tune(self, prompts: list[torch.Tensor] | None = None, reuse: bool = True) -> TreeBudget:
-        """Pick total_token and depth of the dynamic tree by measuring this device (eagle.autotune).
+        """Pick total_token and depth of the dynamic tree by measuring this device (eagle.tuning.tuner).
 
         Plain decoding is a candidate (total_token=1, eagenerate then runs plain steps) unless the
         settings add a lookup branch, whose gain the tuner does not measure.
         reuse: take the budget measured before for this head, target, dtype and machine
-        (eagle.tuning_cache) instead of timing again; a new measurement on the calibration
+        (eagle.tuning.budget_cache) instead of timing again; a new measurement on the calibration
         prompts is stored for the next load."""
         sizes = SIZES if self.compiled is None else COMPILED_SIZES  # compiled: a graph per size timed
         plain = not self.settings.lookup
@@ -250,12 +250,12 @@ class EaModel(nn.Module):
     def draft(self, state: DecodeState) -> Tree:
         """1. The head's tree (dynamic or static, per `settings`), plus the prompt-lookup chain."""
         s = self.settings
-        with record_function("eagle.draft"):
+        with record_function("eagle.heads.eagle2"):
             if self.static is None:
                 tokens, parents = self.drafter.dynamic(state, s.total_token, s.depth, s.top_k)
             else:
                 tokens, parents = self.drafter.static(state, self.static)
-            with record_function("eagle.draft.tree"):
+            with record_function("eagle.heads.eagle2.tree"):
                 if s.lookup:
                     chain = lookup_chain(state.ids[0], s.lookup)
                     if chain.numel():
@@ -284,13 +284,13 @@ class EaModel(nn.Module):
         past, device, n = state.committed, state.ids.device, tree.size
         tokens, positions = tree.tokens.to(device), past + tree.depths.to(device)  # [N]
         if self.compiled is not None:
-            with record_function("eagle.verify.forward"):
+            with record_function("eagle.decoding.verify.forward"):
                 width = max(rows or self._verify_width(n), n)
                 out = self.compiled.forward(tokens, positions, tree.ancestors, past, width, hidden=True)
             return Verified(*self._outputs(out, n))
-        with record_function("eagle.verify.mask"):
+        with record_function("eagle.decoding.verify.mask"):
             mask = self._tree_masks(tree, state)
-        with record_function("eagle.verify.forward"):
+        with record_function("eagle.decoding.verify.forward"):
             out = self.target(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
                               past_key_values=state.target_cache, use_cache=True, output_hidden_states=True)
         return Verified(*self._outputs(out, n))
@@ -299,7 +299,7 @@ class EaModel(nn.Module):
         """The tree's additive attention mask [1, 1, N, K] for every layer type of the target.
 
         Full attention sees the committed prefix and each node's ancestors. A sliding-window
-        layer sees only its window of positions (eagle.tree.sliding_tree_mask). Models that
+        layer sees only its window of positions (eagle.decoding.tree.sliding_tree_mask). Models that
         mix both (Gemma-2/3, Qwen-2) take a dict keyed by layer type; models whose every layer
         slides (Mistral, Phi-3) take the sliding mask alone."""
         past, dtype, device = state.committed, self.drafter.dtype, state.ids.device
@@ -315,7 +315,7 @@ class EaModel(nn.Module):
 
     def accept(self, tree: Tree, verified: Verified, params: SamplingParams = GREEDY) -> tuple[torch.Tensor, int]:
         """3. The accepted root-to-node path (node indices [n-1], root first) and the bonus token."""
-        with record_function("eagle.verify.accept"):
+        with record_function("eagle.decoding.verify.accept"):
             if params.greedy:
                 return verify_greedy(tree, verified.logits)
             return verify_sampling(tree, verified.logits, params)
@@ -414,7 +414,7 @@ def _check_head_fits(head: Head, target: nn.Module) -> None:
 
 
 def _feature_layers(head: Head, target: nn.Module) -> list[int] | None:
-    """hidden_states indices an EAGLE-3 head reads (eagle.feature_layers), None for EAGLE-1/2."""
+    """hidden_states indices an EAGLE-3 head reads (eagle.heads.feature_layers), None for EAGLE-1/2."""
     if head.config.architecture != "eagle3":
         return None
     return head_layers(head.config.feature_layers, target.config.get_text_config().num_hidden_layers)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-import eagle.settings as tree_settings
-from data_prep.prompts import Question, first_per_category, load_questions
+import eagle.decoding.settings as tree_settings
+from data_prep.prompt_sets import Question, first_per_category, load_questions
 from evaluation.methods import DECODERS, METHODS, Bench, default_head_label, split_method
 from evaluation.report import Run, markdown, plots, summarize
 from evaluation.rounding import rounding_steps
@@ -73,7 +73,7 @@ def divergence(target, prompt: torch.Tensor, ref: torch.Tensor, other: torch.Ten
     token and the runner-up, also in rounding steps of the target's dtype at the largest logit's
     magnitude (`gap_steps`; bf16 at 16-32: a step is 0.125). `near_tie`: at most NEAR_TIE_STEPS
     steps apart, within what summing in another order (a compiled kernel, a tree's batch) moves a
-    bf16 logit gap: a rounding flip, not a decoding error (docs/speed.md, session 19)."""
+    bf16 logit gap: a rounding flip, not a decoding error (docs/speed.md, "Lossless in bf16")."""
     n = min(len(ref), len(other))
     pos = next((i for i in range(n) if ref[i] != other[i]), n)
     if pos >= len(ref) or pos >= len(other):
@@ -161,9 +161,9 @@ def _methods(args) -> tuple[list[str], dict[str, str]]:
 
 def _bench(args, methods: list[str], paths: dict[str, str]) -> Bench:
     """The target, its tokenizer, the heads the methods use and the assistant, loaded once."""
-    from eagle.checkpoint import load_head
-    from eagle.targets import load_target, resolve_target
-    from eagle.tokenizer import load_tokenizer
+    from eagle.heads.checkpoint import load_head
+    from eagle.targets.resolve import load_target, resolve_target
+    from eagle.targets.tokenizer import load_tokenizer
 
     dtype = getattr(torch, args.dtype)
     path = resolve_target(args.base)

@@ -28,7 +28,7 @@ import torch
 import torch._inductor.config as inductor
 from transformers import DynamicCache, StaticCache
 
-from eagle.targets import load_target, resolve_target
+from eagle.targets.resolve import load_target, resolve_target
 
 PROMPT = 200
 

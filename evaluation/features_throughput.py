@@ -21,12 +21,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep import pipeline
 from data_prep.conversations import read_conversations
-from data_prep.features import iter_batches
+from data_prep.target_forward import iter_batches
 from data_prep.resolvers import register_resolvers
 from data_prep.store import read_manifest
 from data_prep.template import tokenize_chunk
-from eagle.targets import load_target, resolve_target
-from eagle.tokenizer import load_tokenizer
+from eagle.targets.resolve import load_target, resolve_target
+from eagle.targets.tokenizer import load_tokenizer
 
 
 def bare_forward_tokens_per_s(cfg: DictConfig) -> float:

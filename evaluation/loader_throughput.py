@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from data_prep.store import FeatureStore, Record, new_manifest, shard_name, write_manifest, write_shard
-from eagle.checkpoint import build_head
-from eagle.draft import DraftConfig
+from eagle.heads.checkpoint import build_head
+from eagle.heads.eagle2 import DraftConfig
 from train.data import length_batches, loader
 from train.loss import eagle_loss, make_pairs
 

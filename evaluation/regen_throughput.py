@@ -22,8 +22,8 @@ from omegaconf import DictConfig, OmegaConf
 from data_prep.conversations import read_conversations
 from data_prep.regenerate import ReplyGenerator, left_pad
 from data_prep.resolvers import register_resolvers
-from eagle.targets import load_target, resolve_target
-from eagle.tokenizer import load_tokenizer
+from eagle.targets.resolve import load_target, resolve_target
+from eagle.targets.tokenizer import load_tokenizer
 
 
 def hf_generate(generator: ReplyGenerator, prompts: list[list[int]]) -> list[str]:

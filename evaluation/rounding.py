@@ -25,9 +25,9 @@ import statistics
 
 import torch
 
-from data_prep.prompts import first_per_category, load_questions
-from eagle.targets import load_target, resolve_target
-from eagle.tokenizer import chat_prompt, load_tokenizer
+from data_prep.prompt_sets import first_per_category, load_questions
+from eagle.targets.resolve import load_target, resolve_target
+from eagle.targets.tokenizer import chat_prompt, load_tokenizer
 
 
 def rounding_steps(logits: torch.Tensor, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:

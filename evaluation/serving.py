@@ -7,7 +7,7 @@ vLLM runs in its own venv (`bash scripts/setup_consumers.sh vllm`, .consumers/vl
 evaluation/vllm_engine.py (eager, for a quick start), on the same prompt token ids (our chat
 template) as our decoder, one prompt at a time:
 once without a drafter (vLLM's own greedy output) and once per head, drafting a chain of
-`--spec-tokens` tokens. Our decoder decodes with the same chain (`eagle.settings.TreeSettings`).
+`--spec-tokens` tokens. Our decoder decodes with the same chain (`eagle.decoding.settings.TreeSettings`).
 Per head it reports: vLLM's output equal to vLLM's plain greedy output (lossless in vLLM), equal
 to HF's greedy output (what our decoder is proven against), vLLM's mean acceptance length
 (1 + accepted / drafts) and our τ on the same chain. Outputs are compared up to their first EOS.
@@ -22,13 +22,13 @@ from pathlib import Path
 
 import torch
 
-from data_prep.prompts import held_back_prompts
-from eagle.checkpoint import load_head
+from data_prep.prompt_sets import held_back_prompts
+from eagle.heads.checkpoint import load_head
 from eagle.model import EaModel
-from eagle.settings import TreeSettings
-from eagle.targets import load_target, resolve_target
-from eagle.tokenizer import eos_token_ids, load_tokenizer
-from eagle.tree import chain_choices
+from eagle.decoding.settings import TreeSettings
+from eagle.targets.resolve import load_target, resolve_target
+from eagle.targets.tokenizer import eos_token_ids, load_tokenizer
+from eagle.decoding.tree import chain_choices
 from evaluation.vllm_engine import PYTHON as VLLM_PYTHON
 from evaluation.vllm_engine import VllmEngine
 from train.judge import encode_prompts

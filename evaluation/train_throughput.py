@@ -7,7 +7,7 @@ warmup + steps optimizer steps into a temporary output_dir, then times a plain t
 forward + loss + backward of a fresh head (same dtype) on the very same micro-batches,
 already collated in memory. Prints both rates and their ratio (goal: >= 0.85).
 
-With train.features=online the bare loop runs the target's forward too (the trainer's own
+With train.feature_source=online the bare loop runs the target's forward too (the trainer's own
 `features.fill`, one inference-mode forward per micro-batch) before the head's forward and
 backward: the ratio is then to "bare target forward + head forward/backward" (goal: >= 0.9).
 """
@@ -25,7 +25,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from data_prep.resolvers import register_resolvers
-from eagle.checkpoint import build_head
+from eagle.heads.checkpoint import build_head
 from train.data import collate
 from train.loss import uniform_noise
 from train.unroll import unrolled_forward

@@ -22,9 +22,9 @@ from dataclasses import dataclass
 import torch
 from prompt_sets import first_turn_ids, parser, setup
 
-from eagle.checkpoint import load_head
+from eagle.heads.checkpoint import load_head
 from eagle.model import EaModel
-from eagle.settings import TreeSettings
+from eagle.decoding.settings import TreeSettings
 
 
 @dataclass

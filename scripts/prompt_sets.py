@@ -7,9 +7,9 @@ import argparse
 
 import torch
 
-from data_prep.prompts import Question, first_per_category, load_questions, sharegpt_heldout
-from eagle.targets import load_target, resolve_target
-from eagle.tokenizer import chat_prompt, load_tokenizer
+from data_prep.prompt_sets import Question, first_per_category, load_questions, sharegpt_heldout
+from eagle.targets.resolve import load_target, resolve_target
+from eagle.targets.tokenizer import chat_prompt, load_tokenizer
 
 
 def parser(doc: str) -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""How sure is the target of its own greedy tokens, per prompt set? (docs/recipes.md, session 7)
+"""How sure is the target of its own greedy tokens, per prompt set? (docs/findings.md)
 
     .venv/bin/python scripts/target_confidence.py [--per-category 2] [--sharegpt 16] [--max-new-tokens 128]
 

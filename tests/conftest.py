@@ -31,7 +31,7 @@ def _single_thread():
 def _own_tuning_cache(tmp_path_factory, monkeypatch):
     """Budgets a test tunes (`total_token="auto"`) go to the session's temporary folder, never to the
     user's ~/.cache; a test that points EAGLE_CACHE somewhere keeps that."""
-    from eagle import tuning_cache
+    from eagle.tuning import budget_cache as tuning_cache
 
     default = tmp_path_factory.getbasetemp() / "eagle-cache"
     monkeypatch.setattr(tuning_cache, "cache_dir", lambda: Path(os.environ.get("EAGLE_CACHE") or default))
@@ -45,7 +45,7 @@ def tiny_target():
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """A tiny random Llama saved as a HF folder with the embedded default's ChatML tokenizer."""
-    from eagle.tokenizer import load_tokenizer
+    from eagle.targets.tokenizer import load_tokenizer
 
     embedded = embedded_target_or_skip()
     out = tmp_path_factory.mktemp("tiny_target")

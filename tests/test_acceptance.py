@@ -11,10 +11,10 @@ from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from data_prep.prompts import held_back_prompts, load_questions
-from eagle.draft import DraftConfig
+from data_prep.prompt_sets import held_back_prompts, load_questions
+from eagle.heads.eagle2 import DraftConfig
 from eagle.model import EaModel
-from eagle.settings import TreeSettings
+from eagle.decoding.settings import TreeSettings
 from tests.tiny import FIXED, bigram_head, random_head, tiny_llama, write_tiny_store
 from train.config import validate
 from train.judge import CHAIN, Judge, count_tau
@@ -201,7 +201,7 @@ def test_torchrun_two_processes_zero3_reports_tau(tiny_dir, chat_store, tmp_path
     import subprocess
     import sys
 
-    from data_prep.distributed import free_port
+    from eagle.common.distributed import free_port
     from tests.tiny import clean_env
 
     args = ["+model=smollm2_135m", f"model.path={tiny_dir}", f"store_dir={chat_store}", f"output_dir={tmp_path}",

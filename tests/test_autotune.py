@@ -1,11 +1,11 @@
-"""The tree tuner's cost model and choice (eagle.autotune), without a model."""
+"""The tree tuner's cost model and choice (eagle.tuning.tuner), without a model."""
 
 import itertools
 import time
 
 import pytest
 
-from eagle.autotune import choose, fastest_ms, monotone_costs
+from eagle.tuning.tuner import choose, fastest_ms, monotone_costs
 
 
 def test_monotone_costs_keep_rising_costs_and_a_kink():

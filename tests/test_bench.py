@@ -4,7 +4,7 @@ import json
 
 import torch
 
-from data_prep.prompts import load_questions
+from data_prep.prompt_sets import load_questions
 from evaluation.bench import divergence, main
 from evaluation.report import Run, markdown, n_alpha, summarize
 from tests.tiny import prompt, tiny_llama
@@ -64,8 +64,8 @@ def test_user_jsonl_and_bad_record(tmp_path):
 def test_end_to_end_on_tiny_target(tiny_dir, tmp_path):
     from transformers import AutoConfig
 
-    from eagle.checkpoint import save_head
-    from eagle.draft import DraftConfig, DraftHead
+    from eagle.heads.checkpoint import save_head
+    from eagle.heads.eagle2 import DraftConfig, DraftHead
 
     torch.manual_seed(0)
     head = DraftHead(DraftConfig.from_target_config(AutoConfig.from_pretrained(tiny_dir)))
@@ -113,8 +113,8 @@ def test_a_lookup_method_tunes_its_own_tree_where_its_plain_method_decodes_plain
     """`eagle2-lookup` reuses eagle2's tuned budget, unless that budget is plain decoding (a lookup
     branch on a one-node tree would waste its draft): then it times trees of its own."""
     import eagle.model
-    from eagle.autotune import TreeBudget
-    from eagle.settings import TreeSettings
+    from eagle.tuning.tuner import TreeBudget
+    from eagle.decoding.settings import TreeSettings
     from evaluation.methods import Bench
     from tests.tiny import near_bigram_pair
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from eagle.kv_commit import commit_cache, commit_rows
-from eagle.tree import build_tree, tree_attention_mask
+from eagle.decoding.kv_commit import commit_cache, commit_rows
+from eagle.decoding.tree import build_tree, tree_attention_mask
 from tests.tiny import tiny_llama
 
 

@@ -1,16 +1,16 @@
 """`EaModel(compile=True)`: the target's forwards compiled with fixed shapes over a bucketed static
-cache (eagle/compiled_target.py) give HF generate's greedy output in fp32, for plain decoding and
+cache (eagle/compiled/target_graphs.py) give HF generate's greedy output in fp32, for plain decoding and
 for every tree kind, across cache buckets; each shape compiles once."""
 
 import pytest
 import torch
 from transformers import MistralConfig, MistralForCausalLM
 
-from eagle.compiled_target import BUCKET, CompiledTarget, bucket, compilable
+from eagle.compiled.target_graphs import BUCKET, CompiledTarget, bucket, compilable
 from eagle.model import EaModel
-from eagle.plain_step import CompiledStep, EagerStep, plain_step
-from eagle.settings import TreeSettings
-from eagle.tree import build_tree
+from eagle.decoding.plain_step import CompiledStep, EagerStep, plain_step
+from eagle.decoding.settings import TreeSettings
+from eagle.decoding.tree import build_tree
 from tests.tiny import FIXED, TREES, hf_greedy, near_bigram_pair, prompt, random_head, tiny_llama
 
 
@@ -110,7 +110,7 @@ def test_targets_with_sliding_windows_stay_eager():
 def test_auto_budget_times_the_compiled_widths_and_decodes_losslessly(tmp_path, monkeypatch):
     """Compiled, the tuner times verify forwards at COMPILED_SIZES only (a graph per width), stores the pick
     under a key of its own, and the tuned decoder gives HF's tokens."""
-    from eagle.autotune import COMPILED_SIZES
+    from eagle.tuning.tuner import COMPILED_SIZES
 
     monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
     target, head = near_bigram_pair(7, coupling=0.3)

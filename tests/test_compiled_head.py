@@ -1,13 +1,13 @@
-"""The draft head at fixed shapes (eagle/compiled_head.py): its compiled forward over a preallocated
+"""The draft head at fixed shapes (eagle/compiled/head_graphs.py): its compiled forward over a preallocated
 buffer gives the eager head's outputs and drafts (fp32), for one- and two-layer EAGLE-2 heads and an
 EAGLE-3 head, with padded rows and across a buffer that grows; each shape compiles once."""
 
 import pytest
 import torch
 
-from eagle.compiled_head import CompiledHead, HeadRows
+from eagle.compiled.head_graphs import CompiledHead, HeadRows
 from eagle.model import EaModel
-from eagle.settings import TreeSettings
+from eagle.decoding.settings import TreeSettings
 from tests.tiny import prompt, random_eagle3_head, random_head, tiny_llama
 
 SETTINGS = TreeSettings(total_token=8, depth=3, top_k=3)

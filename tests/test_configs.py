@@ -112,11 +112,11 @@ def test_the_plan_costs_store_and_online_and_recommends_one(tmp_path):
         cfg = compose(config_name="config", overrides=["+model=vicuna7b", f"store_dir={tmp_path}"])
     plan = make_plan(cfg)
     text = "\n".join(plan.lines())
-    assert "option store (train.features=store): 674.85 GB" in text and "option online" in text
+    assert "option store (train.feature_source=store): 674.85 GB" in text and "option online" in text
     flops_7b = 2 * plan.target.params * plan.tokens  # one forward of 6.7B parameters over 88.4M tokens
     assert plan.choice.target_flops == flops_7b and 3 < (flops_7b + plan.choice.head_flops) / plan.choice.head_flops < 12
     assert plan.choice.epochs == 20 and plan.choice.online_gb > plan.target.params * 2 / GB
     plan.free_bytes = 100 * plan.store_bytes
     assert plan.choice.recommend(plan)[0] == "store"
     plan.free_bytes = plan.store_bytes // 2
-    assert plan.choice.recommend(plan)[0] == "online" and "recommended: train.features=online" in plan.lines()[-1]
+    assert plan.choice.recommend(plan)[0] == "online" and "recommended: train.feature_source=online" in plan.lines()[-1]

@@ -14,7 +14,7 @@ import subprocess
 
 import pytest
 
-from eagle.checkpoint import load_head
+from eagle.heads.checkpoint import load_head
 from tests.tiny import ROOT, embedded_target_or_skip
 
 CONSUMERS = ROOT / ".consumers"

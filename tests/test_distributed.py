@@ -1,11 +1,11 @@
-"""The program's one process group (data_prep/distributed.py), checked on a CPU with CUDA pretended."""
+"""The program's one process group (eagle/common/distributed.py), checked on a CPU with CUDA pretended."""
 
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from data_prep import distributed
+from eagle.common import distributed
 from train.engine import init_distributed
 
 

@@ -8,12 +8,12 @@ import json
 import pytest
 import torch
 
-from eagle.checkpoint import load_head, save_head
-from eagle.draft import DraftConfig
-from eagle.draft3 import Eagle3Head
-from eagle.feature_layers import default_fused
+from eagle.heads.checkpoint import load_head, save_head
+from eagle.heads.eagle2 import DraftConfig
+from eagle.heads.eagle3 import Eagle3Head
+from eagle.heads.feature_layers import default_fused
 from eagle.model import EaModel
-from eagle.settings import TreeSettings
+from eagle.decoding.settings import TreeSettings
 from tests.tiny import TREES, hf_greedy, prompt, random_eagle3_head, subset, tiny_llama
 from train.loss import eagle3_loss, vocab_target
 
@@ -62,7 +62,7 @@ def test_draft_tokens_come_from_the_draft_vocabulary():
 
 
 def model_params():
-    from eagle.verify import SamplingParams
+    from eagle.decoding.verify import SamplingParams
 
     return SamplingParams(0.0, 0.0, 0)
 

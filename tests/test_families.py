@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from eagle.model import EaModel
-from eagle.settings import TreeSettings
+from eagle.decoding.settings import TreeSettings
 from tests.families import FAMILIES, SLIDING, WINDOW, family_target
 from tests.tiny import TREES, bigram_head, hf_greedy, prompt, random_head
 
@@ -68,7 +68,7 @@ def chats(tmp_path_factory):
 
 def family_folder(family: str, out) -> str:
     """The family's tiny target saved as a HF folder, with the embedded default's ChatML tokenizer."""
-    from eagle.tokenizer import load_tokenizer
+    from eagle.targets.tokenizer import load_tokenizer
     from tests.tiny import embedded_target_or_skip
 
     tokenizer = load_tokenizer(embedded_target_or_skip())
@@ -85,7 +85,7 @@ def test_each_family_through_data_prep_training_export_and_decoding(family, chat
     from hydra import compose, initialize_config_dir
 
     from data_prep.pipeline import prepare
-    from eagle.checkpoint import load_head
+    from eagle.heads.checkpoint import load_head
     from tests.tiny import CONF
     from train.config import validate
     from train.trainer import Trainer

@@ -1,4 +1,4 @@
-"""Serving layouts (eagle/formats.py): every export loads back losslessly, and holds what its engine reads."""
+"""Serving layouts (eagle/heads/formats.py): every export loads back losslessly, and holds what its engine reads."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle.checkpoint import load_head, save_head
-from eagle.formats import DRAFT_VOCAB, FORMATS, TOKEN_MAP, FormatError
+from eagle.heads.checkpoint import load_head, save_head
+from eagle.heads.formats import DRAFT_VOCAB, FORMATS, TOKEN_MAP, FormatError
 from eagle.model import EaModel
 from tests.tiny import TREES, hf_greedy, near_bigram_pair, prompt, random_eagle3_head, subset, tiny_llama
 
@@ -145,7 +145,7 @@ def test_a_draft_vocab_file_that_disagrees_with_d2t_is_refused(tmp_path):
 
 
 def test_heads_saved_before_the_layouts_still_load(tmp_path):
-    """Session 12's layout: our own config fields only, draft_rank among the weights."""
+    """An older layout of ours: our own config fields only, draft_rank among the weights."""
     _, head = eagle3()
     save_head(tmp_path / "h", head, dtype=torch.float32)
     state = load_file(str(tmp_path / "h" / "model.safetensors"))
@@ -180,7 +180,7 @@ def test_training_without_fc_bias_starts_from_a_head_with_one(tmp_path):
 
     _, start = eagle2(True)
     config = json.loads(json.dumps(start.config.__dict__))
-    from eagle.draft import DraftConfig
+    from eagle.heads.eagle2 import DraftConfig
 
     cfg = DraftConfig(**{**config, "fc_bias": False})
     head = initial_head(cfg, start, "start")

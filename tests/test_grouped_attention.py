@@ -1,4 +1,4 @@
-"""eagle/grouped_attention.py: grouped-query attention with the heads of a group as rows equals HF's
+"""eagle/compiled/grouped_attention.py: grouped-query attention with the heads of a group as rows equals HF's
 `sdpa` attention (keys and values repeated per head) under a tree mask, and the wrapper it
 installs leaves every call without its keyword to HF's function."""
 
@@ -6,7 +6,7 @@ import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from eagle import grouped_attention
+from eagle.compiled import grouped_attention
 
 
 class _Heads(torch.nn.Module):

@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def module_imports(root: Path = ROOT, packages=LAYERS) -> dict[str, set[str]]:
-    """{module: the project modules it imports}, e.g. {"train.trainer": {"eagle.checkpoint", ...}}."""
+    """{module: the project modules it imports}, e.g. {"train.trainer": {"eagle.heads.checkpoint", ...}}."""
     files = {".".join(f.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): f
              for p in packages if (root / p).is_dir() for f in (root / p).rglob("*.py")}
     graph: dict[str, set[str]] = {}

@@ -5,10 +5,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from eagle.lookup import lookup_chain, merge_chain
+from eagle.decoding.prompt_lookup import lookup_chain, merge_chain
 from eagle.model import EaModel
-from eagle.settings import TreeSettings
-from eagle.tree import build_tree
+from eagle.decoding.settings import TreeSettings
+from eagle.decoding.tree import build_tree
 from tests.tiny import TREES, hf_greedy, near_bigram_pair, random_head, tiny_llama
 
 

@@ -10,13 +10,13 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from eagle.checkpoint import load_head, save_head, write_draft_vocab
-from eagle.draft import DraftHead
-from eagle.drafter import DraftCache
+from eagle.heads.checkpoint import load_head, save_head, write_draft_vocab
+from eagle.heads.eagle2 import DraftHead
+from eagle.decoding.tree_drafter import DraftCache
 from eagle.model import EaModel
-from eagle.settings import TreeSettings
-from eagle.tree import static_tree
-from eagle.verify import SamplingParams
+from eagle.decoding.settings import TreeSettings
+from eagle.decoding.tree import static_tree
+from eagle.decoding.verify import SamplingParams
 from tests.tiny import (
     FIXED,
     TREES,
@@ -298,8 +298,8 @@ def _paths(tokens: torch.Tensor, parents: torch.Tensor) -> set[tuple[int, ...]]:
 def test_a_pool_of_total_token_minus_one_children_drafts_the_same_tree(seed):
     """The dynamic tree of n nodes from a pool min(top_k, n - 1) wide (draft_width) is the one the full
     top_k pool gives: the n - 1 best candidates never rank below n - 1 among their siblings or depth."""
-    from eagle.drafter import draft_width
-    from eagle.tree import reindex_parents, select_nodes
+    from eagle.decoding.tree_drafter import draft_width
+    from eagle.decoding.tree import reindex_parents, select_nodes
 
     target = tiny_llama(seed)
     model = EaModel(target, random_head(target, seed), settings=TreeSettings(total_token=8, depth=4, top_k=8))
@@ -398,10 +398,10 @@ def test_draft_vocab_without_a_stored_vocabulary_is_a_clear_error():
 def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless(monkeypatch):
     """The tuner's accept length for every (n, d) equals verifying that tree for real, on every step;
     the plain step is timed in the same rounds as the verify widths."""
-    from eagle import autotune
-    from eagle.autotune import calibration_prompts, tune_tree
-    from eagle.tree import build_tree, reindex_parents, select_nodes
-    from eagle.verify import verify_greedy
+    from eagle.tuning import tuner as autotune
+    from eagle.tuning.tuner import calibration_prompts, tune_tree
+    from eagle.decoding.tree import build_tree, reindex_parents, select_nodes
+    from eagle.decoding.verify import verify_greedy
 
     target, head = near_bigram_pair(3, coupling=0.3)
     model = EaModel(target, head, settings=TreeSettings(total_token=8, depth=3, top_k=4))
@@ -446,7 +446,7 @@ def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless(monkeyp
 def test_a_one_node_tree_decodes_by_plain_steps_and_the_tuner_can_pick_it(monkeypatch):
     """total_token=1 (dynamic, no lookup) drafts nothing: eagenerate runs plain steps, same tokens;
     where plain steps are the fastest row of the tuner's grid, "auto" picks them."""
-    from eagle import autotune
+    from eagle.tuning import tuner as autotune
 
     target, head = near_bigram_pair(4)
     model = EaModel(target, head, settings=TreeSettings(total_token=1, depth=2, top_k=4))
@@ -477,7 +477,7 @@ def test_head_for_another_target_is_a_one_line_error():
 
 def test_a_tuned_budget_is_reused_for_the_same_head_target_and_machine(tmp_path, monkeypatch):
     """total_token="auto" times the machine once; the next load with the same key reuses the pick
-    (eagle/tuning_cache.py); another head, or reuse=False, measures again."""
+    (eagle/tuning/budget_cache.py); another head, or reuse=False, measures again."""
     import eagle.model
 
     monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))

@@ -9,9 +9,9 @@ from hydra import compose, initialize_config_dir
 from transformers import AutoModelForCausalLM
 
 from data_prep import pipeline, store
-from data_prep.distributed import free_port
+from eagle.common.distributed import free_port
 from data_prep.store import FeatureStore, read_manifest
-from eagle.tokenizer import load_tokenizer
+from eagle.targets.tokenizer import load_tokenizer
 from tests.tiny import crash_after
 from tests.tiny import data_prep_config as config
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from data_prep.distributed import free_port
-from eagle.checkpoint import save_head
-from eagle.draft import DraftConfig, DraftHead
+from eagle.common.distributed import free_port
+from eagle.heads.checkpoint import save_head
+from eagle.heads.eagle2 import DraftConfig, DraftHead
 from train.publish import PublishError, main, publish
 
 TOKEN = "hf_test_token_0123456789"

@@ -17,7 +17,7 @@ import torch
 from data_prep import pipeline
 from data_prep.conversations import DataError, read_conversations
 from data_prep.store import read_manifest, shard_name
-from eagle.checkpoint import load_head, save_head
+from eagle.heads.checkpoint import load_head, save_head
 from eagle.model import EaModel
 from tests.fuzz_inputs import KINDS, judge, make_case
 from tests.tiny import (
@@ -198,7 +198,7 @@ def test_the_harness_catches_a_reader_that_refuses_or_changes_valid_data(tmp_pat
 
 def test_a_second_data_prep_on_the_same_store_stops_in_one_line(tiny_dir, tmp_path):
     """A data_prep process holds the store; a second one, started meanwhile, refuses at once."""
-    from data_prep.lock import Busy, exclusive
+    from eagle.common.locks import Busy, exclusive
 
     path = tmp_path / "chats.jsonl"
     path.write_text(json.dumps(CHATS[1]))
@@ -268,7 +268,7 @@ def test_a_store_folder_it_cannot_create_is_one_line(tiny_dir, tmp_path):
 
 
 def test_an_export_interrupted_while_writing_leaves_the_earlier_one_whole(tmp_path, monkeypatch):
-    from eagle import checkpoint
+    from eagle.heads import checkpoint
 
     _, head = near_bigram_pair(2)
     folder = save_head(tmp_path / "head", head, dtype=torch.float32)
@@ -292,7 +292,7 @@ def test_an_export_killed_at_a_seeded_point_never_leaves_a_folder_that_looks_who
     import signal
     import time
 
-    code = ("import torch\nfrom tests.tiny import near_bigram_pair\nfrom eagle.checkpoint import save_head\n"
+    code = ("import torch\nfrom tests.tiny import near_bigram_pair\nfrom eagle.heads.checkpoint import save_head\n"
             "_, head = near_bigram_pair(2)\nprint('go', flush=True)\n"
             f"while True:\n    save_head({str(tmp_path / 'head')!r}, head, dtype=torch.float32)\n")
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True, env=clean_env())

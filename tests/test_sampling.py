@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from eagle.model import EaModel
-from eagle.settings import TreeSettings
-from eagle.tree import build_tree
-from eagle.verify import SamplingParams, target_probs, verify_sampling
+from eagle.decoding.settings import TreeSettings
+from eagle.decoding.tree import build_tree
+from eagle.decoding.verify import SamplingParams, target_probs, verify_sampling
 from tests.families import family_target
 from tests.tiny import bigram_head, near_bigram_pair, random_eagle3_head, random_head, subset, tiny_llama
 

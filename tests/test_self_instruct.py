@@ -15,7 +15,7 @@ from data_prep.self_instruct import (
     sample_questions,
     write_sharegpt,
 )
-from eagle.tokenizer import load_tokenizer
+from eagle.targets.tokenizer import load_tokenizer
 
 
 def test_question_prefix_stops_where_the_users_text_starts(tiny_dir):

@@ -6,9 +6,9 @@ import argparse
 
 import pytest
 
-import eagle.settings as tree_settings
-from eagle.settings import TreeSettings
-from eagle.tree import DEFAULT_CHOICES
+import eagle.decoding.settings as tree_settings
+from eagle.decoding.settings import TreeSettings
+from eagle.decoding.tree import DEFAULT_CHOICES
 
 
 def parse(*argv: str, **defaults) -> TreeSettings:

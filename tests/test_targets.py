@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from data_prep.template import tokenize_conversation
-from eagle.targets import hub_patterns, load_target, resolve_target
-from eagle.tokenizer import chat_prompt, load_tokenizer
+from eagle.targets.resolve import hub_patterns, load_target, resolve_target
+from eagle.targets.tokenizer import chat_prompt, load_tokenizer
 from tests.tiny import tiny_llama
 from train.frozen import load_frozen
 
@@ -116,7 +116,7 @@ def test_a_preset_written_for_a_base_model_uses_its_familys_template(tmp_path):
     (a tokenizer without a chat template) gets the shipped template of its family."""
     from omegaconf import OmegaConf
 
-    from eagle.preset import write_preset
+    from eagle.targets.preset import write_preset
     from tests.families import family_target
 
     folder, _ = sentencepiece_folder(tmp_path)

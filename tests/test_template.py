@@ -3,7 +3,7 @@
 import pytest
 
 from data_prep.template import TemplateError, tokenize_conversation
-from eagle.tokenizer import chat_template_text, load_tokenizer
+from eagle.targets.tokenizer import chat_template_text, load_tokenizer
 from tests.tiny import embedded_target_or_skip
 
 MESSAGES = [

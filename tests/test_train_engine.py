@@ -15,16 +15,16 @@ import torch
 from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
-from data_prep.distributed import free_port
+from eagle.common.distributed import free_port
 from data_prep.store import FeatureStore
-from eagle.checkpoint import load_head, write_draft_vocab
-from eagle.vocab import ranked_ids
+from eagle.heads.checkpoint import load_head, write_draft_vocab
+from eagle.heads.draft_vocab import ranked_ids
 from tests.tiny import ROOT, clean_env, kill_once_checkpointed, lock_held_elsewhere, tiny_llama, write_tiny_store
 from train.checkpoints import step_tag
 from train.config import validate
 from train.trainer import Trainer
-from train.vocab import main as vocab_main
-from train.vocab import token_counts
+from train.vocab_choice import main as vocab_main
+from train.vocab_choice import token_counts
 
 CONF = ROOT / "conf"
 PY = sys.executable
@@ -261,8 +261,8 @@ def test_fine_tuning_keeps_the_starting_heads_shape(tiny, tmp_path):
     """train.init_head with two decoder layers and a narrower MLP: the run trains that head as it is."""
     from transformers import AutoConfig
 
-    from eagle.checkpoint import save_head
-    from eagle.draft import DraftConfig, DraftHead
+    from eagle.heads.checkpoint import save_head
+    from eagle.heads.eagle2 import DraftConfig, DraftHead
 
     cfg = DraftConfig.from_target_config(AutoConfig.from_pretrained(tiny[0]))
     cfg.num_hidden_layers, cfg.intermediate_size = 2, 48
@@ -297,9 +297,9 @@ def tiny3(tmp_path_factory):
 def test_eagle3_head_trains_exports_and_decodes_losslessly(tiny3, tmp_path):
     """head=eagle3: fused layers in, k-step training-time test, token loss over the draft
     vocabulary; the exported head loads as EAGLE-3 and decodes exactly like the target."""
-    from eagle.draft3 import Eagle3Head
+    from eagle.heads.eagle3 import Eagle3Head
     from eagle.model import EaModel
-    from eagle.settings import TreeSettings
+    from eagle.decoding.settings import TreeSettings
 
     cfg = make_cfg(tiny3, tmp_path, "head=eagle3", "model.feature_layers=[0,1,-1]", "train.max_steps=25",
                    "train.ttt_steps=3", "train.draft_vocab=64")
@@ -360,7 +360,7 @@ def test_the_step_statistics_stay_on_the_models_device(tiny, tmp_path):
 
 
 def test_a_second_trainer_on_the_same_output_dir_stops_in_one_line(tiny, tmp_path):
-    from data_prep.lock import Busy
+    from eagle.common.locks import Busy
     from train.run import run
 
     out = tmp_path / "run"

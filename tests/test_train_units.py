@@ -231,8 +231,8 @@ def test_the_loader_throughput_tool_runs(capsys):
 
 
 def test_a_large_vocabulary_gets_a_draft_vocabulary_by_default():
-    from eagle.vocab import draft_vocab_size
-    from train.vocab import TrainingVocabulary
+    from eagle.heads.draft_vocab import draft_vocab_size
+    from train.vocab_choice import TrainingVocabulary
 
     assert draft_vocab_size(None, 262144) == 32768 and draft_vocab_size(None, 49152) is None
     assert draft_vocab_size(8192, 262144) == 8192  # train.draft_vocab wins

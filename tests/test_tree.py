@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from eagle.tree import (
+from eagle.decoding.tree import (
     DEFAULT_CHOICES,
     build_tree,
     causal_mask,
@@ -145,7 +145,7 @@ def test_select_nodes_detects_a_broken_pool():
 def test_a_sliding_window_mask_sees_only_positions_inside_the_window():
     """Window 3, five committed tokens of which the layer keeps the last two (positions 3, 4),
     a chain root -> a -> b at positions 5, 6, 7: b sees only a, itself and the root."""
-    from eagle.tree import sliding_tree_mask
+    from eagle.decoding.tree import sliding_tree_mask
 
     chain = build_tree(torch.tensor([9, 8, 7]), torch.tensor([-1, 0, 1]))
     allowed = sliding_tree_mask(chain.ancestors, chain.depths, past_len=5, kept=2, window=3, dtype=torch.float32) == 0

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from eagle.draft import DraftConfig, DraftHead
+from eagle.heads.eagle2 import DraftConfig, DraftHead
 from tests.tiny import tiny_llama
 from train.unroll import unroll_mask, unrolled_forward
 

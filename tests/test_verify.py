@@ -7,8 +7,8 @@ import torch
 from transformers import DynamicCache
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
-from eagle.tree import DEFAULT_CHOICES, build_tree, static_tree, tree_attention_mask
-from eagle.verify import SamplingParams, process_logits, sample, verify_greedy
+from eagle.decoding.tree import DEFAULT_CHOICES, build_tree, static_tree, tree_attention_mask
+from eagle.decoding.verify import SamplingParams, process_logits, sample, verify_greedy
 from tests.tiny import tiny_llama
 
 

@@ -19,10 +19,10 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from data_prep.store import Record, new_manifest, shard_name, write_manifest, write_shard
-from eagle.draft import DraftConfig, DraftHead
-from eagle.draft3 import Eagle3Head
-from eagle.feature_layers import fused_layers
-from eagle.settings import TreeSettings
+from eagle.heads.eagle2 import DraftConfig, DraftHead
+from eagle.heads.eagle3 import Eagle3Head
+from eagle.heads.feature_layers import fused_layers
+from eagle.decoding.settings import TreeSettings
 
 ROOT = Path(__file__).resolve().parent.parent
 CONF = ROOT / "conf"
@@ -43,7 +43,7 @@ def tiny_llama(seed: int = 0, vocab_size: int = 128, hidden_size: int = 64, laye
 
 def embedded_target_or_skip():
     """Path of the converted embedded default; skip when its package is not installed."""
-    from eagle.targets import resolve_target
+    from eagle.targets.resolve import resolve_target
 
     try:
         return resolve_target("smollm2-135m-instruct")
@@ -218,9 +218,9 @@ def crash_after(real, n: int):
 
 @contextmanager
 def lock_held_elsewhere(folder: Path, what: str) -> Iterator[subprocess.Popen]:
-    """Another process holds data_prep.lock's lock on `folder` for the block (yielded: its pid names
+    """Another process holds eagle.common.locks's lock on `folder` for the block (yielded: its pid names
     it); killed after, which is what releases the lock."""
-    code = ("import time; from data_prep.lock import exclusive\n"
+    code = ("import time; from eagle.common.locks import exclusive\n"
             f"with exclusive({str(folder)!r}, {what!r}):\n    print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True,
                               env=clean_env())

@@ -15,7 +15,7 @@ from data_prep.resolvers import register_resolvers
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from data_prep.conversations import DataError
-    from data_prep.lock import Busy
+    from eagle.common.locks import Busy
     from train.publish import PublishError
     from train.run import run
 

@@ -31,7 +31,7 @@ def check_resumable(load_path: str, client: dict, world: int, store: str) -> Non
     if client.get("world_size", world) != world:
         raise ValueError(f"{load_path}: saved with {client['world_size']} ranks, resuming with {world}: "
                          "the data order would differ")
-    saved_store = client.get("store")  # absent in checkpoints written before session 6
+    saved_store = client.get("store")  # absent in checkpoints of older trainer versions
     if saved_store is not None and saved_store != store:
         raise ValueError(f"{load_path}: trained on store {saved_store}, but this run reads "
                          f"{store}: pick a new output_dir, or train.resume=none to start over")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
-from eagle.formats import FORMATS
+from eagle.heads.formats import FORMATS
 
 
 @dataclass
@@ -77,12 +77,12 @@ class HubConfig:
     repo_id: str | None = None
     private: bool = False
     endpoint: str | None = None
-    format: str = "eagle"  # the layout pushed: eagle | vllm | sglang | speculators (eagle/formats.py)
+    format: str = "eagle"  # the layout pushed: eagle | vllm | sglang | speculators (eagle/heads/formats.py)
 
 
 SCHEMAS = {"train": TrainConfig, "wandb": WandbConfig, "hub": HubConfig}
 SCHEDULES = ("linear", "cosine", "constant")
-FEATURES = ("store", "online")  # train/features.py
+FEATURES = ("store", "online")  # train/feature_source.py
 RESUME_HINT = "train.resume must be 'auto', 'none' or a checkpoint directory"
 
 
@@ -98,7 +98,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     OmegaConf.set_struct(cfg, True)
     t = cfg.train
     if t.features not in FEATURES:
-        raise ValueError(f"train.features={t.features!r}: expected one of {FEATURES}")
+        raise ValueError(f"train.feature_source={t.features!r}: expected one of {FEATURES}")
     if t.schedule not in SCHEDULES:
         raise ValueError(f"train.schedule={t.schedule!r}: expected one of {SCHEDULES}")
     if not 0.0 <= t.eval_fraction < 1.0:

@@ -1,7 +1,7 @@
 """DeepSpeed setup: process group, DeepSpeed config, optimizer, LR schedule, full weights.
 
 Always `deepspeed.initialize`, also for one process without a launcher: `init_distributed`
-joins the program's one process group (data_prep/distributed.py), a group of one without a
+joins the program's one process group (eagle/common/distributed.py), a group of one without a
 launcher.
 """
 
@@ -16,7 +16,7 @@ import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from data_prep import distributed
+from eagle.common import distributed
 
 NEVER = 10**12  # DeepSpeed's own step printing: off (we log ourselves)
 
@@ -32,7 +32,7 @@ def extensions_dir() -> str:
 
 
 def init_distributed() -> tuple[int, int]:
-    """The program's process group (data_prep.distributed: NCCL for CUDA tensors on GPU nodes)
+    """The program's process group (eagle.common.distributed: NCCL for CUDA tensors on GPU nodes)
     and DeepSpeed's op directory; returns (rank, world_size)."""
     extensions_dir()
     return distributed.init()

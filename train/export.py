@@ -1,4 +1,4 @@
-"""The exported head: EAGLE layout (eagle.checkpoint.save_head) plus a model card."""
+"""The exported head: EAGLE layout (eagle.heads.checkpoint.save_head) plus a model card."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import torch
 
-from eagle.checkpoint import head_from_state, save_head
-from eagle.draft import DraftConfig
-from eagle.formats import engines
+from eagle.heads.checkpoint import head_from_state, save_head
+from eagle.heads.eagle2 import DraftConfig
+from eagle.heads.formats import engines
 
 SERVE_HEADING = "## Serve"
 CHECKED = {  # what each engine's check here ran (tests/test_consumers.py, python -m evaluation.serving)
@@ -156,7 +156,7 @@ def serving_card(card: str, head_model, fmt: str, repo_id: str | None = None, ta
     ids = head_model.draft_ids
     vocab = f"{len(ids):,} tokens" if ids is not None else "the whole vocabulary"
     layers = ", ".join(map(str, cfg.feature_layers)) if cfg.feature_layers else "the default [2, N//2, N-3]"
-    facts = [f"- Layout: `{fmt}` (eagle/formats.py); loads unmodified in: "
+    facts = [f"- Layout: `{fmt}` (eagle/heads/formats.py); loads unmodified in: "
              f"{', '.join(engines(cfg, fmt))}, and in our decoder (`EaModel.from_pretrained`).",
              f"- Target: `{target}`; draft vocabulary: {vocab}"
              + (f"; fused target layers (HF hidden_states indices): {layers}" if cfg.architecture == "eagle3" else "")]

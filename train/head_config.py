@@ -4,7 +4,7 @@
   the target's layers; a fine-tune (`train.init_head`) keeps its starting head's depth and MLP width.
   `train.fc_bias=false` drops the fc bias, which vLLM's EAGLE-1 model has no place for.
 - EAGLE-3 (`head=eagle3`): fuses `model.feature_layers` minus the last one, has no fc bias and its
-  own lm_head of `train.draft_vocab` rows (eagle/feature_layers.py).
+  own lm_head of `train.draft_vocab` rows (eagle/heads/feature_layers.py).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 from omegaconf import DictConfig
 
 from data_prep.store import FeatureStore
-from eagle.checkpoint import Head
-from eagle.draft import DraftConfig
-from eagle.feature_layers import LAST, fused_layers
+from eagle.heads.checkpoint import Head
+from eagle.heads.eagle2 import DraftConfig
+from eagle.heads.feature_layers import LAST, fused_layers
 
 HEADS = ("eagle2", "eagle3")
 

@@ -11,8 +11,8 @@ import logging
 
 import torch
 
-from eagle.checkpoint import Head, build_head
-from eagle.draft import DraftConfig
+from eagle.heads.checkpoint import Head, build_head
+from eagle.heads.eagle2 import DraftConfig
 
 log = logging.getLogger("train")
 

@@ -4,7 +4,7 @@ Held-out top-1 says how often the draft's next token is right given the target's
 features; τ (new tokens per target forward) is what decoding gains once the head drafts
 several tokens on its own predictions. The two can disagree, so the trainer reports both.
 
-    judge = Judge.from_target_dir(target_dir, held_back_prompts("mtbench", 8), max_new_tokens=64)  # data_prep.prompts
+    judge = Judge.from_target_dir(target_dir, held_back_prompts("mtbench", 8), max_new_tokens=64)  # data_prep.prompt_sets
     judge.measure_state(state, draft_config).metrics()
     # {"tau_tree": ..., "tau_chain": ..., "tau_seconds": ...}
 
@@ -24,13 +24,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from eagle.checkpoint import Head, head_from_state
-from eagle.draft import DraftConfig
+from eagle.heads.checkpoint import Head, head_from_state
+from eagle.heads.eagle2 import DraftConfig
 from eagle.model import EaModel
-from eagle.settings import TreeSettings
-from eagle.targets import load_target
-from eagle.tokenizer import chat_prompt, load_tokenizer
-from eagle.tree import Choices, chain_choices
+from eagle.decoding.settings import TreeSettings
+from eagle.targets.resolve import load_target
+from eagle.targets.tokenizer import chat_prompt, load_tokenizer
+from eagle.decoding.tree import Choices, chain_choices
 
 log = logging.getLogger("train")
 

@@ -3,7 +3,7 @@
     python -m train.publish checkpoints/runs/NAME/head --format sglang             # writes .../head-sglang
     python -m train.publish checkpoints/runs/NAME/head --repo-id USER/eagle-NAME [--format vllm] [--private]
 
-`--format` is one of eagle/formats.py's layouts (eagle, vllm, sglang, speculators); the folder
+`--format` is one of eagle/heads/formats.py's layouts (eagle, vllm, sglang, speculators); the folder
 written gets a model card with that engine's serve command. Uploads use huggingface_hub's
 create_repo + upload_folder. The endpoint is HF_ENDPOINT (or --endpoint); the token is HF_TOKEN
 or the one saved by `hf auth login`. Failures (no token, no network, refused, a layout the head
@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from eagle.formats import FORMATS
+from eagle.heads.formats import FORMATS
 
 REQUIRED = ("config.json", "model.safetensors")
 UPLOADED = ["*.json", "*.safetensors", "*.md", "*.pt"]
@@ -38,8 +38,8 @@ def check_head_dir(directory: str | Path) -> Path:
 def convert(directory: str | Path, fmt: str, out: str | Path, repo_id: str | None = None,
             embedding_from: str | None = None) -> Path:
     """The head of `directory` written to `out` in layout `fmt`, its card given the serve commands."""
-    from eagle.checkpoint import load_head, save_head
-    from eagle.formats import FormatError
+    from eagle.heads.checkpoint import load_head, save_head
+    from eagle.heads.formats import FormatError
     from train.export import serving_card
 
     directory = check_head_dir(directory)
@@ -55,7 +55,7 @@ def convert(directory: str | Path, fmt: str, out: str | Path, repo_id: str | Non
 
 def _target_embedding(base: str) -> dict:
     """{"embed_tokens.weight": the target's input embedding}, for consumers that want it in the head."""
-    from eagle.targets import load_target, resolve_target
+    from eagle.targets.resolve import load_target, resolve_target
 
     target = load_target(resolve_target(base), None)
     return {"embed_tokens.weight": target.get_input_embeddings().weight.detach()}
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("ckpt_dir", help="an exported head folder (config.json + model.safetensors)")
     parser.add_argument("--repo-id", default=None, help="USER/NAME on the Hub (without it: only write the folder)")
     parser.add_argument("--format", default=None, choices=FORMATS,
-                        help="serving layout (default: the folder's own); eagle/formats.py says what each holds")
+                        help="serving layout (default: the folder's own); eagle/heads/formats.py says what each holds")
     parser.add_argument("--out", default=None, help="where to write the converted folder (default: CKPT_DIR-FORMAT)")
     parser.add_argument("--embedding-from", default=None, metavar="BASE",
                         help="speculators: also store the target's embedding (its own model does not take it "

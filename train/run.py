@@ -9,8 +9,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig
 
-from data_prep import distributed
-from data_prep.lock import exclusive
+from eagle.common import distributed
+from eagle.common.locks import exclusive
 from data_prep.store import is_complete
 from train.config import validate
 from train.engine import init_distributed
@@ -43,7 +43,7 @@ def run(cfg: DictConfig):
     from train.trainer import Trainer
 
     cfg = validate(cfg)
-    if cfg.train.features == "store":  # online reads the conversations itself (train/features.py)
+    if cfg.train.features == "store":  # online reads the conversations itself (train/feature_source.py)
         ensure_store(cfg)
     with exclusive(cfg.output_dir, "training run", take=int(os.environ.get("RANK", "0")) == 0):
         trainer = Trainer(cfg)

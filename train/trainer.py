@@ -4,8 +4,8 @@
     result = trainer.fit()   # train, evaluate, checkpoint, export output_dir/head
 
 What the loop trains and from where is decided outside it: where the features come from
-(train/features.py: a store, or the target online), the head's shape (train/head_config.py),
-its starting weights (train/head_init.py), the draft vocabulary (train/vocab.py), the losses
+(train/feature_source.py: a store, or the target online), the head's shape (train/head_config.py),
+its starting weights (train/head_init.py), the draft vocabulary (train/vocab_choice.py), the losses
 (train/loss.py) and the batches (train/data.py).
 
 Evaluation: held-out loss and top-k every `eval_every` steps, and τ by real decoding of
@@ -31,16 +31,16 @@ from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
 import train.metrics as stats
-from data_prep import distributed
-from data_prep.prompts import held_back_prompts
-from eagle.checkpoint import load_head
-from eagle.targets import local_device, resolve_target
-from eagle.vocab import draft_vocab_size
+from eagle.common import distributed
+from data_prep.prompt_sets import held_back_prompts
+from eagle.heads.checkpoint import load_head
+from eagle.targets.resolve import local_device, resolve_target
+from eagle.heads.draft_vocab import draft_vocab_size
 from train.checkpoints import check_resumable, prune_checkpoints, resume_from, step_tag
 from train.data import Batch, BatchPlan, length_batches, loader, loader_settings, split_indices
 from train.engine import build_engine, compute_dtype, ds_config, full_state_dict, init_distributed
 from train.export import CardInfo, export_head, model_card
-from train.features import open_features
+from train.feature_source import open_features
 from train.frozen import Frozen, frozen_of, load_frozen
 from train.head_config import draft_config
 from train.head_init import initial_head, start_from_target
@@ -48,7 +48,7 @@ from train.judge import Judge
 from train.loss import LossOutput, Pairs, eagle3_loss, eagle_loss, make_pairs, summarize, uniform_noise, vocab_target
 from train.tracking import Tracker, code_version
 from train.unroll import unrolled_forward
-from train.vocab import TrainingVocabulary, token_counts
+from train.vocab_choice import TrainingVocabulary, token_counts
 
 log = logging.getLogger("train")
 CHECKPOINTS = "checkpoints"

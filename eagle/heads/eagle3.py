@@ -1,8 +1,8 @@
 """The EAGLE-3 draft head (Li et al., 2025): fused multi-layer features, its own lm_head.
 
-Differences from the EAGLE-1/2 head (eagle/draft.py):
+Differences from the EAGLE-1/2 head (eagle/heads/eagle2.py):
 - the input feature g_t = fc([l_t | m_t | h_t]) fuses three target layers (low, middle,
-  high: hidden_states[2], [N//2], [N-3] of an N-layer target by default, eagle/feature_layers.py),
+  high: hidden_states[2], [N//2], [N-3] of an N-layer target by default, eagle/heads/feature_layers.py),
   Linear(3H -> H);
 - the decoder layer attends over [norm(embedding of x_{t+1}) | norm(g_t)] (2H wide) and
   adds its output to g_t: a_t = g_t + attn + mlp, an internal state, not a target feature;
@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from eagle.draft import DraftConfig, DraftLayer, DraftRope, KVCache
+from eagle.heads.eagle2 import DraftConfig, DraftLayer, DraftRope, KVCache
 
 
 class Eagle3Layer(DraftLayer):
@@ -65,7 +65,7 @@ class Eagle3Head(nn.Module):
         position_ids: torch.Tensor,  # [B, S]
         mask: torch.Tensor | None = None,  # [B or 1, 1, S, P+S] additive; None = causal
         past: KVCache | None = None,
-        cache_rows: torch.Tensor | None = None,  # [S]: write into a preallocated `past` (eagle/draft.py)
+        cache_rows: torch.Tensor | None = None,  # [S]: write into a preallocated `past` (eagle/heads/eagle2.py)
     ) -> tuple[torch.Tensor, KVCache]:
         """Return the states a_t [B, S, H] and the KV cache extended by S rows."""
         dtype = self.fc.weight.dtype

@@ -7,11 +7,11 @@ takes its fields as keyword arguments; `python -m eagle.chat` and the evaluation
 
 The default is the fastest lossless choice measured here: `total_token="auto"`, resolved
 when a model is built (`EaModel.from_pretrained` / `EaModel.from_modules` time this device
-once, eagle/autotune.py, and reuse the pick on later loads, eagle/tuning_cache.py). On unseen
-MT-bench prompts a fixed 24-node, depth-5 tree gave 0.98x plain HF decoding on this CPU and
-the tuned one 1.19x (session 12: 8 nodes at depth 3 for the shipped head, eager). Plain
-decoding is one of the tuner's candidates (total_token=1): with compiled forwards on this CPU
-it wins, and the default decodes by plain steps. An `EaModel` itself always holds a number.
+once, eagle/tuning/tuner.py, and reuse the pick on later loads, eagle/tuning/budget_cache.py).
+Plain decoding is one of the tuner's candidates (total_token=1), so the default never decodes
+slower than plain steps: with compiled forwards at 2 threads it picks a 4-node, depth-1 tree
+for the shipped EAGLE-2 head and plain steps for the EAGLE-3 head (docs/speed.md). An
+`EaModel` itself always holds a number.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, replace
 
-from eagle.tree import DEFAULT_CHOICES, Choices
+from eagle.decoding.tree import DEFAULT_CHOICES, Choices
 
 AUTO = "auto"
 TREE_KINDS = ("dynamic", "static")
@@ -84,7 +84,7 @@ def add_arguments(parser: argparse.ArgumentParser, **defaults) -> None:
     """The tree flags (--tree, --total-token, --depth, --draft-top-k, --draft-vocab, --lookup), with
     TreeSettings' defaults unless a tool passes its own (e.g. total_token="auto")."""
     d = {**TreeSettings().__dict__, **defaults}
-    g = parser.add_argument_group("draft tree (eagle.settings.TreeSettings)")
+    g = parser.add_argument_group("draft tree (eagle.decoding.settings.TreeSettings)")
     g.add_argument("--tree", default=d["tree"], choices=list(TREE_KINDS), help="dynamic (EAGLE-2) or static (EAGLE-1)")
     g.add_argument("--total-token", type=parse_total_token, default=d["total_token"],
                    help="nodes of the dynamic tree, or 'auto' (timed on this device at load)")

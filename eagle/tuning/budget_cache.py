@@ -1,9 +1,9 @@
 """Tree budgets measured once per machine: `total_token="auto"` without re-timing at every load.
 
-Tuning (eagle/autotune.py) times the target and the head on this device for tens of seconds.
+Tuning (eagle/tuning/tuner.py) times the target and the head on this device for tens of seconds.
 The budget it picks depends only on the head's and the target's weights, the dtype, the
 device, the thread count and the draft settings, so it is stored under a key of exactly
-those and reused by the next load with the same key. `python -m evaluation.autotune`
+those and reused by the next load with the same key. `python -m evaluation.tuner_spread`
 measures again (and stores the latest pick).
 
     <cache_dir>/tree-budgets/<key>.json   {"key": {...what was hashed...}, "budget": {...}}
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from eagle.autotune import TreeBudget
-from eagle.targets import cache_dir
+from eagle.tuning.tuner import TreeBudget
+from eagle.targets.resolve import cache_dir
 
 # Bump when the tuner's measurement changes, so old picks are not reused.
 VERSION = 5  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;

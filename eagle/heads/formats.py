@@ -34,8 +34,8 @@ from pathlib import Path
 
 import torch
 
-from eagle.draft import DraftConfig
-from eagle.vocab import ids_from_stored, stored_tensors
+from eagle.heads.eagle2 import DraftConfig
+from eagle.heads.draft_vocab import ids_from_stored, stored_tensors
 
 FORMATS = ("eagle", "vllm", "sglang", "speculators")
 DRAFT_VOCAB = "draft_vocab.json"  # {"target_ids": [...]}: the draft vocabulary, most frequent first

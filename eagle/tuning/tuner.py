@@ -19,7 +19,7 @@ the head. `tune_tree` measures both sides at load time:
    of load from another process hits all alike; each keeps its fastest round (load only ever adds
    time), and the closest non-decreasing costs to those (`monotone_costs`) remove what is left
    of a burst without assuming a shape: compiled forwards of up to 4 rows run other kernels than
-   wider ones (eagle/compiled_target.py), so cost is not a line in n. Plus the rest of a step
+   wider ones (eagle/compiled/target_graphs.py), so cost is not a line in n. Plus the rest of a step
    (acceptance, cache commit, head update): the median over calibration steps of the step's time
    minus that of the same tree's verify forward, timed just before it.
 
@@ -29,7 +29,7 @@ the head. `tune_tree` measures both sides at load time:
    one-node tree without lookup by plain steps. Timed apart, back to back, a compiled plain step
    ran ~2 ms faster than between the other forwards (each frozen graph packs its own weights, so
    one graph repeated keeps them warm), and the tuner picked plain steps where a 4-node tree
-   decoded 1.15x faster end to end (docs/speed.md, session 18).
+   decoded 1.15x faster end to end (docs/speed.md).
 
 The choice maximises mean(accepted + 1) / (draft(width(n), d) + verify(n) + rest) over the grid; of
 the choices within `TOLERANCE` of the best it takes the cheapest step (the smallest tree,
@@ -37,7 +37,7 @@ plain decoding first), since timings cannot tell them apart and a small tree cos
 the estimate is off. So speculation is the default only where this device gains from it.
 
 The tuner drives a model only through its public step API (`prefill`, `draft_candidates`,
-`verify`, `discard`, `step`; eagle/model.py). `python -m evaluation.autotune --runs 4` tunes
+`verify`, `discard`, `step`; eagle/model.py). `python -m evaluation.tuner_spread --runs 4` tunes
 several times in a row and prints each pick, to see how steady the choice is on a machine.
 """
 
@@ -51,9 +51,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from eagle.drafter import draft_width
-from eagle.tokenizer import chat_prompt
-from eagle.tree import Tree, build_tree, reindex_parents, select_nodes
+from eagle.decoding.tree_drafter import draft_width
+from eagle.targets.tokenizer import chat_prompt
+from eagle.decoding.tree import Tree, build_tree, reindex_parents, select_nodes
 
 log = logging.getLogger("eagle")
 

@@ -1,4 +1,4 @@
-"""Which draft vocabulary a training run uses and stores (the policy; eagle/vocab.py is the format).
+"""Which draft vocabulary a training run uses and stores (the policy; eagle/heads/draft_vocab.py is the format).
 
 Counting happens over the tokens the draft has to predict in training: the assistant tokens
 (loss mask) of the feature store's training records.
@@ -11,7 +11,7 @@ Counting happens over the tokens the draft has to predict in training: the assis
 - EAGLE-3: exactly its lm_head's rows, the `train.draft_vocab` most frequent tokens (unseen ones
   last by id); none when that is the whole vocabulary.
 
-    python -m train.vocab STORE_DIR [STORE_DIR ...] [--head HEAD_DIR] [--size N] [--keep]
+    python -m train.vocab_choice STORE_DIR [STORE_DIR ...] [--head HEAD_DIR] [--size N] [--keep]
 
 prints the coverage of the top-N tokens and, with --head, writes the vocabulary into that
 head's checkpoint; --keep tops the head's own vocabulary up instead of replacing it.
@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 
 from data_prep.store import FeatureStore
-from eagle.checkpoint import load_head, write_draft_vocab
-from eagle.vocab import coverage, ranked_ids, stored_tensors, top_up
+from eagle.heads.checkpoint import load_head, write_draft_vocab
+from eagle.heads.draft_vocab import coverage, ranked_ids, stored_tensors, top_up
 
 log = logging.getLogger("train")
 def token_counts(store: FeatureStore, indices: Iterable[int] | None = None, vocab_size: int | None = None) -> torch.Tensor:

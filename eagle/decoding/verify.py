@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from eagle.tree import Tree
+from eagle.decoding.tree import Tree
 
 
 @dataclass

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 import torch
 from transformers import DynamicCache
 
-from eagle.compiled_head import HeadRows
-from eagle.compiled_target import CompiledTarget
-from eagle.draft import KVCache
+from eagle.compiled.head_graphs import HeadRows
+from eagle.compiled.target_graphs import CompiledTarget
+from eagle.heads.eagle2 import KVCache
 
 HeadPast = KVCache | HeadRows  # the head's cache: eager, its tensors; compiled, rows of a fixed buffer
 

@@ -11,9 +11,9 @@ changes the output; it only shrinks the draft's `lm_head` work (on a CPU its lar
   draft ids in **ascending target-id order**, as SpecForge, EAGLE's EAGLE-3 trainer and
   speculators assume; the frequency order travels separately as `draft_rank [N]` (the
   in-memory position of each stored draft id), so "the N most frequent" still works. Heads
-  stored without `draft_rank` (the authors', ours before session 12) load in their stored order.
+  stored without `draft_rank` (the authors', and ours of older versions) load in their stored order.
 - **Topped up** (`top_up`): a list, then another's ids it lacks. Fine-tuning keeps its starting
-  head's tokens beyond the store's; `train.vocab --keep` keeps a head's list first; the decoder's
+  head's tokens beyond the store's; `train.vocab_choice --keep` keeps a head's list first; the decoder's
   `draft_vocab=N` beyond a head's list adds the target's other tokens.
 - **Scored** (`DraftVocabulary`): the module that turns head outputs into draft log-probs over
   the vocabulary, and the map from draft indices back to target ids.
@@ -77,7 +77,7 @@ def coverage(counts: torch.Tensor, sizes: Iterable[int]) -> dict[int, float]:
 def stored_tensors(ids: torch.Tensor, vocab_size: int) -> dict[str, torch.Tensor]:
     """`d2t` [N] (ascending target ids), `t2d` [V] and `draft_rank` [N] for the ids [N] in their
     in-memory (frequency) order. Stored draft id j is in-memory entry `draft_rank[j]`: an EAGLE-3
-    head's lm_head rows are stored in that order too (`eagle.checkpoint`)."""
+    head's lm_head rows are stored in that order too (`eagle.heads.checkpoint`)."""
     ids = ids.to("cpu", torch.int64)
     if ids.numel() == 0 or int(ids.min()) < 0 or int(ids.max()) >= vocab_size or ids.unique().numel() != ids.numel():
         raise ValueError(f"a draft vocabulary needs distinct target ids in [0, {vocab_size})")
@@ -127,7 +127,7 @@ class DraftVocabulary:
         if size is not None:
             if ids is None:
                 raise ValueError("draft_vocab needs a head with a stored draft vocabulary "
-                                 "(python -m train.vocab STORE --head DIR)")
+                                 "(python -m train.vocab_choice STORE --head DIR)")
             if size > ids.numel() and eagle3:
                 raise ValueError(f"draft_vocab={size}: this EAGLE-3 head's lm_head has only {ids.numel()} rows")
             if size >= lm_head.out_features:

@@ -2,12 +2,12 @@
 
 Conventions. Head row t takes (f_t, embedding of x_{t+1}) and outputs f̂_{t+1} (EAGLE-3: an
 internal state a_{t+1}); the draft's log-probs come from the draft vocabulary's scorer over
-that output (eagle/vocab.py). The root of every tree is the last committed token; its head
+that output (eagle/heads/draft_vocab.py). The root of every tree is the last committed token; its head
 output is `DecodeState.draft_hidden`. Drafted nodes are fed to the head on top of the committed
 head cache without changing it (`DraftCache`), so a tree costs one head forward per depth.
 
 Trees are returned as (tokens [N], parents [N]), root first, parents before children; the
-caller builds the `Tree` buffers (eagle/tree.py).
+caller builds the `Tree` buffers (eagle/decoding/tree.py).
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ import torch
 from torch import nn
 from torch.profiler import record_function
 
-from eagle.compiled_head import CompiledHead, HeadRows
-from eagle.state import DecodeState, HeadPast
-from eagle.tree import StaticTree, additive_mask, causal_mask, expand_topk, reindex_parents, select_nodes
-from eagle.vocab import DraftVocabulary
+from eagle.compiled.head_graphs import CompiledHead, HeadRows
+from eagle.decoding.state import DecodeState, HeadPast
+from eagle.decoding.tree import StaticTree, additive_mask, causal_mask, expand_topk, reindex_parents, select_nodes
+from eagle.heads.draft_vocab import DraftVocabulary
 
 
 class Drafter:
@@ -30,7 +30,7 @@ class Drafter:
 
     def __init__(self, head: nn.Module, embed: nn.Module, vocab: DraftVocabulary, compiled: bool = False):
         self.head, self.embed, self.vocab = head, embed, vocab
-        # compiled: head and scorer at fixed shapes over a preallocated head cache (eagle/compiled_head.py)
+        # compiled: head and scorer at fixed shapes over a preallocated head cache (eagle/compiled/head_graphs.py)
         self.compiled = CompiledHead(head, vocab.scorer) if compiled else None
 
     @property
@@ -65,7 +65,7 @@ class Drafter:
 
     def logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft log-probs [m, Vd] (fp32, CPU) of head outputs [m, H]."""
-        with record_function("eagle.draft.lm_head"):
+        with record_function("eagle.heads.eagle2.lm_head"):
             return self.vocab.logp(hidden) if self.compiled is None else self.compiled.logp(hidden)
 
     # ---- EAGLE-2 ---------------------------------------------------------------------------
@@ -74,7 +74,7 @@ class Drafter:
         """EAGLE-2: grow the top_k best nodes by cumulative draft log-prob, then keep the
         total_token - 1 best of all. Returns tree tokens [N] and parents [N], root first."""
         tokens, scores, parents = self.candidates(state, depth, draft_width(total_token, top_k))
-        with record_function("eagle.draft.tree"):
+        with record_function("eagle.heads.eagle2.tree"):
             kept = select_nodes(scores, parents, total_token - 1)
             return torch.cat([state.root, tokens[kept]]), reindex_parents(kept, parents)
 
@@ -110,7 +110,7 @@ class Drafter:
     # ---- EAGLE-1 ---------------------------------------------------------------------------
 
     def static(self, state: DecodeState, shape: StaticTree) -> tuple[torch.Tensor, torch.Tensor]:
-        """EAGLE-1: a fixed tree `shape` (eagle.tree.static_tree); node tokens are the top-k
+        """EAGLE-1: a fixed tree `shape` (eagle.decoding.tree.static_tree); node tokens are the top-k
         ranks of their parent's draft. Returns tokens [N] and parents [N], root first."""
         tokens = torch.full((len(shape.paths),), -1, dtype=torch.long)
         tokens[0] = state.root[0]
@@ -164,7 +164,7 @@ class DraftCache:
         allowed = torch.cat([torch.ones(m, self.committed, dtype=torch.bool), new_rows], dim=1)
         device = drafter.device
         positions = torch.full((m,), self.committed - 1 + depth, device=device)
-        with record_function("eagle.draft.head"):
+        with record_function("eagle.heads.eagle2.head"):
             hidden, self.past = drafter.encode(features, tokens.to(device), positions, allowed, self.past)
         return hidden, torch.arange(f, f + m)
 

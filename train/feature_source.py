@@ -1,5 +1,5 @@
 """Where the head's input features come from: a data_prep store, or the frozen target inside the
-training step (`train.features=store | online`).
+training step (`train.feature_source=store | online`).
 
     source = open_features(cfg, target_dir, device)
     source.records                           # FeatureStore | TokenRecords: lengths(), tokens(i), [i]
@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from data_prep.features import target_features
+from data_prep.target_forward import target_features
 from data_prep.store import FeatureStore
 from data_prep.tokens import TokenRecords, token_records
-from eagle.draft import DraftConfig
-from eagle.targets import load_target
+from eagle.heads.eagle2 import DraftConfig
+from eagle.targets.resolve import load_target
 from train.data import Batch
 from train.head_config import check_store
 

@@ -1,9 +1,9 @@
-"""`python -m evaluation.autotune --runs 4`: how steady is `total_token="auto"` on this machine?
+"""`python -m evaluation.tuner_spread --runs 4`: how steady is `total_token="auto"` on this machine?
 
-Tunes the dynamic tree (eagle/autotune.py) several times in a row on one loaded model and
+Tunes the dynamic tree (eagle/tuning/tuner.py) several times in a row on one loaded model and
 prints each pick and its expected tokens/s, to see how much the choice moves with the
 machine's load. The last pick is what later loads with `total_token="auto"` reuse
-(eagle/tuning_cache.py).
+(eagle/tuning/budget_cache.py).
 """
 
 from __future__ import annotations
@@ -13,13 +13,13 @@ import time
 
 import torch
 
-import eagle.settings as tree_settings
-from eagle.autotune import DEPTHS, SIZES, TreeBudget, describe
+import eagle.decoding.settings as tree_settings
+from eagle.tuning.tuner import DEPTHS, SIZES, TreeBudget, describe
 from eagle.model import EaModel
 
 
 def main(argv: list[str] | None = None) -> list[TreeBudget]:
-    p = argparse.ArgumentParser(prog="python -m evaluation.autotune", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m evaluation.tuner_spread", description=__doc__.splitlines()[0])
     p.add_argument("--base", default="smollm2-135m-instruct", help="target: alias, folder or Hub id")
     p.add_argument("--head", default="checkpoints/eagle-smollm2-135m-instruct", help="draft head folder or Hub id")
     p.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])

@@ -1,6 +1,6 @@
 """Plain decoding's target forwards: an eager step over HF's DynamicCache, or a one-token step
 compiled with fixed shapes over a bucketed static cache (`EaModel(compile=True)`,
-eagle/compiled_target.py).
+eagle/compiled/target_graphs.py).
 
     step = plain_step(target, compile=True)   # CompiledStep, or EagerStep when the target cannot compile
     logits = step.prefill(input_ids)          # [V]: the prompt's last logits
@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from eagle.compiled_target import CompiledTarget, compilable
+from eagle.compiled.target_graphs import CompiledTarget, compilable
 
 
 class EagerStep:

@@ -1,4 +1,4 @@
-"""The target's tokenizer: loading, chat templates (ours in eagle/chat_templates) and the ids that end a reply."""
+"""The target's tokenizer: loading, chat templates (ours in eagle/targets/chat_templates) and the ids that end a reply."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
 def load_tokenizer(target_dir: str | os.PathLike, chat_template: str | None = None):
-    """The target's tokenizer, with `chat_template` (a name in eagle/chat_templates,
+    """The target's tokenizer, with `chat_template` (a name in eagle/targets/chat_templates,
     a .jinja path, or a template string) replacing its own when given."""
     from transformers import AutoTokenizer
 

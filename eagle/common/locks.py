@@ -4,7 +4,7 @@
 runs; a second job on the same folder stops at once with one line naming the holder's pid.
 The operating system drops the lock when its process dies, even by SIGKILL, so there are no
 stale locks to clean up. Only rank 0 of a multi-process job takes it; the other ranks follow
-rank 0 (data_prep/distributed.py).
+rank 0 (eagle/common/distributed.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ Writes conf/model/NAME.yaml from what the converted folder says of the model (la
 size, vocabulary, MLP width, parameters, maximum length, whether its tokenizer has a chat
 template), so `python -m data_prep +model=NAME` and `python -m train +model=NAME` work at once
 and `plan=true` has the sizes. A tokenizer without a chat template (a base model) gets the
-shipped template of its family when there is one (eagle/chat_templates), else the preset
+shipped template of its family when there is one (eagle/targets/chat_templates), else the preset
 says so and loading stops with a one-line error naming the shipped templates.
 """
 
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from eagle.tokenizer import TEMPLATE_DIR
+from eagle.targets.tokenizer import TEMPLATE_DIR
 
-CONF = Path(__file__).resolve().parent.parent / "conf"
+CONF = Path(__file__).resolve().parents[2] / "conf"
 FAMILY_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gemma3_text": "gemma",
                     "mistral": "mistral", "phi3": "phi3", "qwen2": "chatml", "qwen3": "chatml", "olmo2": "chatml"}
 MAX_LEN = 2048  # tokens per training conversation, EAGLE's; lower when the model's context is shorter

@@ -1,13 +1,13 @@
 """Draft-head checkpoints: `config.json` + `model.safetensors` (the EAGLE authors' key names), in
-any of the serving layouts of eagle/formats.py (`eagle` by default).
+any of the serving layouts of eagle/heads/formats.py (`eagle` by default).
 
-Two architectures (`config.architecture`): eagle2 (EAGLE-1/2, eagle/draft.py) and eagle3
-(eagle/draft3.py). `load_head` also reads heads published by the EAGLE authors: a
+Two architectures (`config.architecture`): eagle2 (EAGLE-1/2, eagle/heads/eagle2.py) and eagle3
+(eagle/heads/eagle3.py). `load_head` also reads heads published by the EAGLE authors: a
 LlamaConfig-style `config.json` (EAGLE-3: `LlamaForCausalLMEagle3`, `draft_vocab_size`) with
 `pytorch_model.bin` or `model.safetensors`, possibly carrying an `embed_tokens.weight` that
 belongs to the target and is ignored here.
 
-A head may carry a *draft vocabulary* (eagle/vocab.py) as EAGLE-3's `d2t`/`t2d` tensors; it
+A head may carry a *draft vocabulary* (eagle/heads/draft_vocab.py) as EAGLE-3's `d2t`/`t2d` tensors; it
 loads as `head.draft_ids` ([N] target ids, or None for the whole vocabulary).
 """
 
@@ -22,10 +22,10 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from eagle.draft import DraftConfig, DraftHead
-from eagle.draft3 import Eagle3Head
-from eagle.formats import check_format, export_files, normalise_state, read_config, write_side_files
-from eagle.vocab import STORED_KEYS, ids_from_stored, stored_tensors
+from eagle.heads.eagle2 import DraftConfig, DraftHead
+from eagle.heads.eagle3 import Eagle3Head
+from eagle.heads.formats import check_format, export_files, normalise_state, read_config, write_side_files
+from eagle.heads.draft_vocab import STORED_KEYS, ids_from_stored, stored_tensors
 
 WEIGHTS = "model.safetensors"
 LEGACY_WEIGHTS = "pytorch_model.bin"
@@ -46,7 +46,7 @@ def save_head(
     fmt: str = "eagle",
     extra: dict[str, torch.Tensor] | None = None,
 ) -> Path:
-    """Write the head in the layout `fmt` (eagle/formats.py), atomically: a temp dir renamed over
+    """Write the head in the layout `fmt` (eagle/heads/formats.py), atomically: a temp dir renamed over
     any earlier export. `extra`: more tensors to store, e.g. the target's `embed_tokens.weight`."""
     check_format(fmt, head.config)
     directory = Path(directory)

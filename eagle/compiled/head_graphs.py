@@ -12,7 +12,7 @@ compiled with the target's settings (freezing; GEMMs of up to 4 rows autotuned) 
 padding and mask, and ~0.9-1.1. Both are bound by reading their weights (8.4 and 14 MB), which the
 target's forward has just pushed out of the caches: warm, the same calls take 0.6 and 0.2 ms.
 
-- **Buffer.** keys and values [1, layers*kvH, L, D], L = 256 · 2^i (eagle.compiled_target.bucket),
+- **Buffer.** keys and values [1, layers*kvH, L, D], L = 256 · 2^i (eagle.compiled.target_graphs.bucket),
   one per prompt. A decode state holds `HeadRows(length)`: the buffer's first `length` rows. Drafted
   nodes are written after them and overwritten by the next commit, so a state's rows never change.
 - **Fixed widths.** A call of m rows is padded to the next power of two; padded rows attend to
@@ -32,8 +32,8 @@ import torch
 import torch._inductor.config as inductor
 from torch import nn
 
-from eagle.compiled_target import bucket, guards, inductor_options, padded_mask
-from eagle.draft import KVCache
+from eagle.compiled.target_graphs import bucket, guards, inductor_options, padded_mask
+from eagle.heads.eagle2 import KVCache
 
 log = logging.getLogger("eagle")
 ROOM = 64  # rows a new buffer holds beyond the prompt (a step's drafts and accepted tokens)

@@ -19,7 +19,7 @@ spans about the context: over a 1,024-row cache for a 224-token context the gain
 - **The mask spans the whole bucket** [1, 1, rows, L]: committed rows visible, then the
   `visible` pattern (the tree's ancestors, or 1×1 for a plain step) over the new rows.
 - **Attention** (targets on HF's `sdpa`): the query heads sharing a key/value head attend as rows
-  of that head (eagle/grouped_attention.py): no per-head copy of the bucket, and a one-token step
+  of that head (eagle/compiled/grouped_attention.py): no per-head copy of the bucket, and a one-token step
   leaves the flash kernel's slow single-query path (a 135M step: 22.1 -> 16.7 ms).
 - **Commit** moves the accepted rows to `past..` inside the static tensors and sets the
   layers' write position (transformers' `StaticLayer` writes at `cumulative_length`).
@@ -43,8 +43,8 @@ import torch._inductor.config as inductor
 from torch import nn
 from transformers import StaticCache
 
-from eagle.grouped_attention import GROUPED, grouped_sdpa_applies, install_grouped_sdpa
-from eagle.kv_commit import move_rows
+from eagle.compiled.grouped_attention import GROUPED, grouped_sdpa_applies, install_grouped_sdpa
+from eagle.decoding.kv_commit import move_rows
 
 log = logging.getLogger("eagle")
 BUCKET = 256  # rows of the smallest cache

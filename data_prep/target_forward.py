@@ -1,6 +1,6 @@
 """Run the frozen target over tokenized records in length-bucketed batches.
 
-Feature layers index `hidden_states` as HF returns it (eagle/feature_layers.py); -1 is the
+Feature layers index `hidden_states` as HF returns it (eagle/heads/feature_layers.py); -1 is the
 last one *after* the final norm, the EAGLE-1/2 feature. With only [-1] requested, the decoder
 is called directly (no hidden states of other layers, no `lm_head` over the vocabulary).
 """
@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import torch
 
 from data_prep.store import Record
-from eagle.feature_layers import fused_layers
+from eagle.heads.feature_layers import fused_layers
 
 
 def bucket_batches(lengths: list[int], batch_tokens: int) -> list[list[int]]:

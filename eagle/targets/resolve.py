@@ -7,10 +7,10 @@ tokenizer) in the cache directory, atomically; later calls return that folder at
 
     python -m eagle.targets smollm2-135m-instruct     # prints the folder
     python -m eagle.targets path/to/model.gguf        # converts it once, prints the folder
-    python -m eagle.targets --preset NAME PATH        # writes conf/model/NAME.yaml (eagle/presets.py)
+    python -m eagle.targets --preset NAME PATH        # writes conf/model/NAME.yaml (eagle/targets/preset.py)
 
 Also where targets run (`local_device`) and where converted targets and stores live
-(`cache_dir`). Tokenizers are eagle/tokenizer.py; the GGUF conversion eagle/gguf.py.
+(`cache_dir`). Tokenizers are eagle/targets/tokenizer.py; the GGUF conversion eagle/targets/gguf.py.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from eagle.gguf import convert_gguf
-from eagle.packaged import packaged_file
+from eagle.targets.gguf import convert_gguf
+from eagle.targets.packaged import packaged_file
 
 EMBEDDED_DEFAULT = "smollm2-135m-instruct"
 _PACKAGED = {
@@ -151,7 +151,7 @@ def load_target(target_dir: str | os.PathLike, dtype, device=None):
 def main(argv: list[str]) -> int:
     import argparse
 
-    from eagle.preset import write_preset
+    from eagle.targets.preset import write_preset
 
     ap = argparse.ArgumentParser(prog="python -m eagle.targets", description=__doc__.splitlines()[0])
     ap.add_argument("target", help=f"an alias ({', '.join(_PACKAGED)}), a HF folder, a .gguf file or a Hub id")

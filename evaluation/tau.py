@@ -1,4 +1,4 @@
-"""`python -m evaluation.judge HEAD_DIR`: τ of an exported head on held-back prompts, as the trainer measures it.
+"""`python -m evaluation.tau HEAD_DIR`: τ of an exported head on held-back prompts, as the trainer measures it.
 
 The same `train.judge.Judge` the trainer runs every `train.tau_every` steps: greedy decoding of
 the first turns of a prompt set with the EAGLE-2 dynamic tree and with a 5-token chain.
@@ -11,14 +11,14 @@ import json
 
 import torch
 
-from data_prep.prompts import held_back_prompts
-from eagle.checkpoint import load_head
-from eagle.targets import resolve_target
+from data_prep.prompt_sets import held_back_prompts
+from eagle.heads.checkpoint import load_head
+from eagle.targets.resolve import resolve_target
 from train.judge import Judge
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
-    ap = argparse.ArgumentParser(prog="python -m evaluation.judge", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m evaluation.tau", description=__doc__.splitlines()[0])
     ap.add_argument("head", help="exported head directory")
     ap.add_argument("--base", default="smollm2-135m-instruct", help="target: alias, folder or Hub id")
     ap.add_argument("--prompts", default="sharegpt-heldout", help="mtbench | sharegpt-heldout | MT-bench-shaped JSONL")

@@ -58,7 +58,7 @@ class DraftConfig:
     # Target hidden_states indices the head reads ([-1] = the last, post-norm: EAGLE-1/2).
     # EAGLE-3: three layer inputs; [] = the paper's default for the target's depth N, [2, N//2, N-3].
     feature_layers: list[int] = field(default_factory=lambda: [-1])
-    architecture: str = "eagle2"  # eagle2 (EAGLE-1/2 head, this file) | eagle3 (eagle/draft3.py)
+    architecture: str = "eagle2"  # eagle2 (EAGLE-1/2 head, this file) | eagle3 (eagle/heads/eagle3.py)
     draft_vocab_size: int | None = None  # eagle3: rows of the head's own lm_head
     format_version: int = FORMAT_VERSION
 
@@ -90,7 +90,7 @@ class DraftConfig:
 
     @classmethod
     def from_dict(cls, raw: dict, path: str | Path) -> "DraftConfig":
-        """The config of a parsed config.json, ours or EAGLE's LlamaConfig-style one (eagle/formats.py
+        """The config of a parsed config.json, ours or EAGLE's LlamaConfig-style one (eagle/heads/formats.py
         flattens the other layouts); unknown keys are ignored, `path` names the file in errors."""
         known = set(cls.__dataclass_fields__)
         kwargs = {k: v for k, v in raw.items() if k in known}
@@ -210,7 +210,7 @@ class DraftLayer(nn.Module):
     output), deeper ones do (`norm_input`), as in a Llama stack.
 
     `residual` is what attention and MLP add to; by default the attention input itself (EAGLE-3
-    attends over a wider input than its residual stream, eagle/draft3.py)."""
+    attends over a wider input than its residual stream, eagle/heads/eagle3.py)."""
 
     def __init__(self, cfg: DraftConfig, in_features: int | None = None, norm_input: bool = False):
         super().__init__()
@@ -229,7 +229,7 @@ class DraftLayer(nn.Module):
 
 
 class DraftHead(nn.Module):
-    """EAGLE-1/2 head. Construction builds layers only; loading lives in `eagle.checkpoint`."""
+    """EAGLE-1/2 head. Construction builds layers only; loading lives in `eagle.heads.checkpoint`."""
 
     def __init__(self, cfg: DraftConfig):
         super().__init__()
@@ -238,7 +238,7 @@ class DraftHead(nn.Module):
         self.layers = nn.ModuleList([DraftLayer(cfg, norm_input=i > 0) for i in range(cfg.num_hidden_layers)])
         self._rope = DraftRope(cfg)
         # Target ids the draft may propose, most frequent first ([N] long), or None = all.
-        # Saved by eagle.checkpoint in draft_vocab.json (eagle/formats.py), so not part of state_dict().
+        # Saved by eagle.heads.checkpoint in draft_vocab.json (eagle/heads/formats.py), so not part of state_dict().
         self.register_buffer("draft_ids", None, persistent=False)
 
     def forward(
@@ -252,7 +252,7 @@ class DraftHead(nn.Module):
     ) -> tuple[torch.Tensor, KVCache]:
         """Return predicted features f̂_{t+1} [B, S, H] and the KV cache extended by S rows
         ([B, layers*kvH, P+S, D] each: the layers' KV heads side by side). With `cache_rows`,
-        the rows are written into `past` in place (eagle/compiled_head.py) and the mask spans L."""
+        the rows are written into `past` in place (eagle/compiled/head_graphs.py) and the mask spans L."""
         dtype = self.fc.weight.dtype
         x = self.fc(torch.cat([token_embeds.to(dtype), features.to(dtype)], dim=-1))
         cos_sin = self._rope(x, position_ids)

@@ -10,7 +10,7 @@ heads, 2 threads) over 512 rows took 290 µs for 1 query against 96 µs for 2.
 group become g·r rows of its key/value head, each under its token's mask row. No key or value
 is copied and a one-token step is 3 rows. A compiled one-token forward of the embedded default
 went from 22.1 to 16.7 ms (2 threads); 8- and 16-row tree forwards did not change (27.8 and
-34.8 ms against 28.2 and 35.0). Measured alternatives are in docs/speed.md (session 16).
+34.8 ms against 28.2 and 35.0). Measured alternatives are in docs/speed.md.
 
 `install_grouped_sdpa()` puts a thin wrapper in front of HF's registered `sdpa` function:
 calls that pass `eagle_grouped=True` (only our compiled forwards do) take this path; every
