@@ -7,22 +7,22 @@ import hydra
 from omegaconf import DictConfig
 
 from data_prep.conversations import DataError
+from data_prep.data_config import prep_config
 from eagle.common.locks import Busy
 from data_prep.pipeline import prepare
-from data_prep.plan import make_plan
+from data_prep.plan import store_plan
 from data_prep.resolvers import register_resolvers
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    if "path" not in cfg.get("model", {}):  # the head group alone only sets model.feature_layers
-        sys.exit("error: choose a target with +model=NAME (see conf/model/, e.g. +model=smollm2_135m)")
     try:
-        if cfg.get("plan"):
-            print("\n".join(make_plan(cfg).lines()))
+        prep = prep_config(cfg)  # the one conversion of this job's config
+        if prep.plan:
+            print("\n".join(store_plan(prep).lines()))
             return
-        path = prepare(cfg)
+        path = prepare(prep)
     except (DataError, ValueError, OSError, Busy) as e:  # OSError: a full disk, a folder it cannot write
         sys.exit(f"error: {e}")
     print(path)

@@ -1,10 +1,11 @@
 """data_prep as a function: conversations → (regenerated replies) → tokens + mask → features → store.
 
 `prepare(cfg)` is what `python -m data_prep` runs and what `python -m train` calls when its
-store is missing. It resumes: the input is cut into fixed slices of `data.shard_records`
-conversations, slice k becomes `shard-k`, and a shard that already exists is kept. With
-several processes (torchrun), rank r computes shards k ≡ r (mod world) and rank 0 writes
-the manifest once all are done.
+store is missing; it turns the Hydra config into a PrepConfig (data_prep/data_config.py) once,
+and resolves the target once unless the caller passes the job's resolved target. It resumes:
+the input is cut into fixed slices of `data.shard_records` conversations, slice k becomes
+`shard-k`, and a shard that already exists is kept. With several processes (torchrun), rank r
+computes shards k ≡ r (mod world) and rank 0 writes the manifest once all are done.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -24,9 +25,10 @@ from tqdm import tqdm
 
 from eagle.common import distributed
 from data_prep.conversations import Conversation, DataError, expand_sources, read_conversations
+from data_prep.data_config import PrepConfig, TargetFiles, prep_config, resolve
 from data_prep.target_forward import compute_records
 from eagle.common.locks import exclusive
-from data_prep.plan import check_fits, make_plan
+from data_prep.plan import check_fits, store_plan
 from data_prep.reuse import Donors, link_shard
 from data_prep.store import (
     new_manifest,
@@ -37,8 +39,7 @@ from data_prep.store import (
     write_shard,
 )
 from data_prep.template import template_hash, tokenize_chunk
-from eagle.targets.resolve import load_target, resolve_target
-from eagle.targets.tokenizer import load_tokenizer
+from eagle.targets.resolve import load_target
 
 log = logging.getLogger("data_prep")
 
@@ -58,13 +59,14 @@ class Job:
     entries: dict[int, dict] = field(default_factory=dict)  # manifest entry of each finished shard
 
 
-def prepare(cfg) -> Path:
-    """Build (or finish) the feature store at `cfg.store_dir`; return its path. One job at a time
-    writes a store (eagle/common/locks.py)."""
-    out = Path(cfg.store_dir).expanduser()
+def prepare(cfg, target: TargetFiles | None = None) -> Path:
+    """Build (or finish) the feature store at `store_dir` of `cfg` (a composed Hydra config or a
+    PrepConfig); return its path. `target`: the job's resolved target, when the caller has it.
+    One job at a time writes a store (eagle/common/locks.py)."""
+    prep = prep_config(cfg)
     rank, world = distributed.init()
-    with writing_store(out, rank):
-        return _prepare(cfg, out, rank, world)
+    with writing_store(prep.store_dir, rank):
+        return _prepare(prep, target, rank, world)
 
 
 @contextmanager
@@ -77,9 +79,10 @@ def writing_store(out: Path, rank: int) -> Iterator[None]:
         yield
 
 
-def _prepare(cfg, out: Path, rank: int, world: int) -> Path:
+def _prepare(prep: PrepConfig, target: TargetFiles | None, rank: int, world: int) -> Path:
+    out = prep.store_dir
     manifest = read_manifest(out)
-    key = config_key(cfg)
+    key = config_key(prep)
     if manifest is not None and manifest.get("config_key") != key:
         raise ValueError(
             f"{out / 'manifest.json'}: this directory holds a store built with other settings "
@@ -88,19 +91,19 @@ def _prepare(cfg, out: Path, rank: int, world: int) -> Path:
     if manifest is not None and manifest.get("complete"):
         log.info("store %s is complete (%d records); nothing to do", out, manifest["records"])
         return out
-    job = open_job(cfg, out, rank, world)
-    plan = make_plan(cfg, job.tokenizer, job.conversations)  # before any target forward
+    job = open_job(prep, target or resolve(prep.model), rank, world)
+    plan = store_plan(prep, job.target_dir, job.tokenizer, job.conversations)  # before any target forward
     log.info("plan: %s", "; ".join(plan.lines()))
     check_fits(plan, written=sum(p.stat().st_size for p in out.glob("shard-*.safetensors")))
-    n_shards = -(-len(job.conversations) // cfg.data.shard_records)
+    n_shards = -(-len(job.conversations) // prep.data.shard_records)
     job.entries = _finished(out, manifest, [k for k in range(n_shards) if k % world == rank])
     if rank == 0:
-        write_manifest(out, _manifest(cfg, job, key, n_shards, complete=False))
-    model = load_target(job.target_dir, cfg.model.dtype)
-    stats = _run_shards(cfg, job, model, n_shards)
+        write_manifest(out, _manifest(job, key, n_shards, complete=False))
+    model = load_target(job.target_dir, prep.model.dtype)
+    stats = _run_shards(prep, job, model, n_shards, key)
     job.entries = distributed.merged(job.entries)  # every rank's shards, each hashed once, by its writer
     if rank == 0:
-        manifest = _manifest(cfg, job, key, n_shards, complete=True)
+        manifest = _manifest(job, key, n_shards, complete=True)
         manifest["throughput"] = stats
         write_manifest(out, manifest)
         log.info("store %s complete: %d records, %d tokens", out, manifest["records"], manifest["tokens"])
@@ -108,46 +111,46 @@ def _prepare(cfg, out: Path, rank: int, world: int) -> Path:
     return out
 
 
-def config_key(cfg) -> str:
+def config_key(prep: PrepConfig) -> str:
     """Hash of every setting that changes the store's bytes (a glob's files, not the pattern)."""
-    files = expand_sources(cfg.data.source)
+    m, d = prep.model, prep.data
+    files = expand_sources(d.source)
     parts = {
-        "target": str(cfg.model.path), "dtype": str(cfg.model.dtype), "max_len": int(cfg.model.max_len),
-        "chat_template": str(cfg.model.chat_template), "layers": list(cfg.model.feature_layers),
-        "source": files[0] if files == [str(cfg.data.source)] else files, "limit": cfg.data.limit, "split": str(cfg.data.get("split", "train")),
-        "shard_records": int(cfg.data.shard_records), "regenerate": bool(cfg.data.regenerate),
-        "regen": dict(cfg.data.regen) if cfg.data.regenerate else None,
+        "target": m.path, "dtype": m.dtype, "max_len": m.max_len, "chat_template": str(m.chat_template),
+        "layers": list(m.feature_layers), "source": files[0] if files == [str(d.source)] else files,
+        "limit": d.limit, "split": d.split, "shard_records": d.shard_records, "regenerate": d.regenerate,
+        "regen": asdict(d.regen) if d.regenerate else None,
     }
-    if cfg.data.get("offset"):  # only when set, so the keys of stores read from record 0 stay as they were
-        parts["offset"] = int(cfg.data.offset)
+    if d.offset:  # only when set, so the keys of stores read from record 0 stay as they were
+        parts["offset"] = d.offset
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def open_job(cfg, out: Path, rank: int, world: int) -> Job:
-    """The conversations a store of `cfg` is made of (read, and regenerated into out/regenerated when
-    data.regenerate is set), its tokenizer and target entry; no feature is computed."""
-    target_dir = resolve_target(cfg.model.path)
-    tokenizer = load_tokenizer(target_dir, cfg.model.chat_template)
-    conversations, report = read_conversations(cfg.data.source, cfg.data.limit, cfg.data.get("split", "train"),
-                                              int(cfg.data.get("offset") or 0))
+def open_job(prep: PrepConfig, target: TargetFiles, rank: int, world: int) -> Job:
+    """The conversations a store of `prep` is made of (read, and regenerated into
+    store_dir/regenerated when data.regenerate is set), the tokenizer and the manifest's target
+    entry of the resolved `target`; no feature is computed."""
+    out, d = prep.store_dir, prep.data
+    tokenizer = target.tokenizer
+    conversations, report = read_conversations(d.source, d.limit, d.split, d.offset)
     source = report.as_dict()
     if not conversations:
         raise_nothing_kept(report)
     if report.truncated:
         log.warning("%s is truncated: recovered %d whole records, dropped the last %d bytes (one partial record)",
                     report.source, report.read, report.truncated_bytes)
-    if cfg.data.regenerate:
+    if d.regenerate:
         from data_prep.regenerate import regenerate
 
         before = len(conversations)
-        conversations = regenerate(cfg, target_dir, tokenizer, conversations, out / "regenerated", rank, world)
+        conversations = regenerate(prep, target.folder, tokenizer, conversations, out / "regenerated", rank, world)
         source["regenerated"] = True
         if before > len(conversations):
             source["skipped"]["first prompt too long to regenerate"] = before - len(conversations)
         if not conversations:
             report.skipped["first prompt too long to regenerate"] += before
             raise_nothing_kept(report)
-    return Job(out, target_dir, tokenizer, conversations, source, _target_info(cfg, target_dir), rank, world)
+    return Job(out, target.folder, tokenizer, conversations, source, _target_info(prep, target.folder), rank, world)
 
 
 def raise_nothing_kept(report) -> None:
@@ -157,34 +160,36 @@ def raise_nothing_kept(report) -> None:
                     f"reason: {skipped}. A conversation needs a user turn and a non-empty assistant reply")
 
 
-def _target_info(cfg, target_dir: Path) -> dict:
+def _target_info(prep: PrepConfig, target_dir: Path) -> dict:
     from transformers import AutoConfig
 
+    m = prep.model
     text = AutoConfig.from_pretrained(str(target_dir)).get_text_config()
     return {
-        "name": cfg.model.name, "path": str(cfg.model.path), "resolved_path": str(target_dir),
+        "name": m.name, "path": m.path, "resolved_path": str(target_dir),
         "hidden_size": text.hidden_size, "vocab_size": text.vocab_size, "num_layers": text.num_hidden_layers,
-        "dtype": str(cfg.model.dtype), "feature_layers": list(cfg.model.feature_layers), "max_len": int(cfg.model.max_len),
-        "batch_tokens": int(cfg.data.batch_tokens),  # batches shape the bf16 features' last bits (data_prep.reuse)
+        "dtype": m.dtype, "feature_layers": list(m.feature_layers), "max_len": m.max_len,
+        "batch_tokens": prep.data.batch_tokens,  # batches shape the bf16 features' last bits (data_prep.reuse)
     }
 
 
-def _run_shards(cfg, job: Job, model, n_shards: int) -> dict:
+def _run_shards(prep: PrepConfig, job: Job, model, n_shards: int, key: str) -> dict:
     mine = [k for k in range(n_shards) if k % job.world == job.rank]
     todo = [k for k in mine if not (job.out / shard_name(k)).exists()]
     if len(todo) < len(mine):
         log.info("resuming: %d of %d shards already written, kept as they are", len(mine) - len(todo), len(mine))
     hidden = model.config.get_text_config().hidden_size
     pad_id = job.tokenizer.pad_token_id if job.tokenizer.pad_token_id is not None else 0
-    R = cfg.data.shard_records
-    donors = Donors(cfg.data.get("reuse") or [], job.target, template_hash(job.tokenizer), int(cfg.data.batch_tokens))
+    m, d = prep.model, prep.data
+    R = d.shard_records
+    donors = Donors(d.reuse, job.target, template_hash(job.tokenizer), d.batch_tokens)
     reused = 0
     bar = tqdm(total=sum(len(job.conversations[k * R:(k + 1) * R]) for k in todo), unit="conv",
                desc=f"features{f' rank {job.rank}' if job.world > 1 else ''}", dynamic_ncols=True)
     tokens, start = 0, time.perf_counter()
     for k in todo:
         chunk = job.conversations[k * R:(k + 1) * R]
-        tokenized, skipped = tokenize_chunk(job.tokenizer, chunk, cfg.model.max_len)
+        tokenized, skipped = tokenize_chunk(job.tokenizer, chunk, m.max_len)
         donor = donors.find(tokenized, skipped)
         if donor is not None:
             link_shard(donor, job.out / shard_name(k))
@@ -199,11 +204,11 @@ def _run_shards(cfg, job: Job, model, n_shards: int) -> dict:
             bar.update(n_rows)
             bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - start):.0f}")
 
-        records = compute_records(model, tokenized, list(cfg.model.feature_layers), cfg.data.batch_tokens, pad_id, progress)
-        job.entries[k] = write_shard(job.out / shard_name(k), records, hidden, getattr(torch, cfg.model.dtype), dict(skipped))
+        records = compute_records(model, tokenized, list(m.feature_layers), d.batch_tokens, pad_id, progress)
+        job.entries[k] = write_shard(job.out / shard_name(k), records, hidden, getattr(torch, m.dtype), dict(skipped))
         bar.update(len(chunk) - len(tokenized))  # the skipped ones
         if job.world == 1:
-            write_manifest(job.out, _manifest(cfg, job, config_key(cfg), n_shards, complete=False))
+            write_manifest(job.out, _manifest(job, key, n_shards, complete=False))
     bar.close()
     if donors.shards:
         log.info("reused %d of %d shards from data.reuse", reused, len(todo))
@@ -235,7 +240,7 @@ def _whole(path: Path) -> bool:
         return False
 
 
-def _manifest(cfg, job: Job, key: str, n_shards: int, complete: bool) -> dict:
+def _manifest(job: Job, key: str, n_shards: int, complete: bool) -> dict:
     """The manifest over the finished shards the job knows of (job.entries); nothing is re-read."""
     shards = [job.entries[k] for k in sorted(job.entries)]
     source = dict(job.source)

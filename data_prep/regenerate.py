@@ -21,6 +21,7 @@ from transformers import DynamicCache
 
 from eagle.common import distributed
 from data_prep.conversations import Conversation
+from data_prep.data_config import PrepConfig, RegenConfig
 from eagle.targets.resolve import load_target
 from eagle.targets.tokenizer import eos_token_ids
 from eagle.decoding.verify import SamplingParams, sample
@@ -28,18 +29,19 @@ from eagle.decoding.verify import SamplingParams, sample
 log = logging.getLogger("data_prep")
 
 
-def regenerate(cfg, target_dir: Path, tokenizer, conversations: list[Conversation], out: Path,
+def regenerate(prep: PrepConfig, target_dir: Path, tokenizer, conversations: list[Conversation], out: Path,
                rank: int = 0, world: int = 1) -> list[Conversation]:
-    """Conversations with regenerated assistant turns, in input order."""
+    """Conversations with regenerated assistant turns, in input order: chunks of data.shard_records,
+    chunk k sampled from seed + k with the settings of data.regen."""
     out.mkdir(parents=True, exist_ok=True)
-    size = int(cfg.data.shard_records)
+    size = prep.data.shard_records
     n_chunks = -(-len(conversations) // size)
     todo = [k for k in range(rank, n_chunks, world) if not _chunk_path(out, k).exists()]
     if todo:
-        model = load_target(target_dir, cfg.model.dtype)
-        generator = ReplyGenerator(model, tokenizer, cfg.data.regen, int(cfg.model.max_len))
+        model = load_target(target_dir, prep.model.dtype)
+        generator = ReplyGenerator(model, tokenizer, prep.data.regen, prep.model.max_len)
         for k in todo:
-            torch.manual_seed(int(cfg.seed) + k)
+            torch.manual_seed(prep.seed + k)
             chunk = generator.conversations(conversations[k * size:(k + 1) * size])
             _write_chunk(_chunk_path(out, k), chunk)
         log.info("regeneration: %d tokens at %.1f tokens/s", generator.tokens, generator.tokens_per_s)
@@ -50,7 +52,7 @@ def regenerate(cfg, target_dir: Path, tokenizer, conversations: list[Conversatio
 class ReplyGenerator:
     """Batched, length-sorted generation of one turn at a time for many conversations."""
 
-    def __init__(self, model, tokenizer, regen, max_len: int):
+    def __init__(self, model, tokenizer, regen: RegenConfig, max_len: int):
         self.model, self.tokenizer, self.regen, self.max_len = model, tokenizer, regen, max_len
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -26,19 +26,20 @@ from __future__ import annotations
 
 import logging
 import re
+from dataclasses import replace
 from collections.abc import Sequence
 from pathlib import Path
 
 import hydra
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from data_prep.conversations import Conversation
+from data_prep.data_config import prep_config, resolve
 from data_prep.regenerate import ReplyGenerator
 from data_prep.resolvers import register_resolvers
 from data_prep.store import write_json_atomic
-from eagle.targets.resolve import load_target, resolve_target
-from eagle.targets.tokenizer import load_tokenizer
+from eagle.targets.resolve import load_target
 
 log = logging.getLogger("data_prep")
 
@@ -140,17 +141,18 @@ def write_sharegpt(conversations: list[Conversation], out: Path) -> None:
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    prep = prep_config(cfg)  # the model and data sections; the keys of this script are read below
     n, out = int(cfg.get("n", 512)), Path(str(cfg.get("out", "data/self-instruct.json")))
-    torch.manual_seed(int(cfg.seed))
-    target_dir = resolve_target(cfg.model.path)
-    tok = load_tokenizer(target_dir, cfg.model.chat_template)
-    model = load_target(target_dir, cfg.model.dtype)
-    asking = OmegaConf.merge(cfg.data.regen, {"temperature": float(cfg.get("question_temperature", 1.0)),
-                                              "top_p": float(cfg.get("question_top_p", 0.95)),
-                                              "max_new_tokens": int(cfg.get("question_tokens", 96))})
-    asker = ReplyGenerator(model, tok, asking, int(cfg.model.max_len))
-    questions = sample_questions(asker, n, int(cfg.data.regen.batch_size), openers=read_openers(cfg.get("openers")))
-    replier = ReplyGenerator(model, tok, cfg.data.regen, int(cfg.model.max_len))
+    torch.manual_seed(prep.seed)
+    target = resolve(prep.model)
+    tok = target.tokenizer
+    model = load_target(target.folder, prep.model.dtype)
+    regen = prep.data.regen
+    asking = replace(regen, temperature=float(cfg.get("question_temperature", 1.0)),
+                     top_p=float(cfg.get("question_top_p", 0.95)), max_new_tokens=int(cfg.get("question_tokens", 96)))
+    asker = ReplyGenerator(model, tok, asking, prep.model.max_len)
+    questions = sample_questions(asker, n, regen.batch_size, openers=read_openers(cfg.get("openers")))
+    replier = ReplyGenerator(model, tok, regen, prep.model.max_len)
     chats = answer(replier, questions)
     for _ in range(int(cfg.get("turns", 1)) - 1):
         chats = follow_up(asker, replier, chats)

@@ -1,9 +1,10 @@
-"""The store's records without their features: what online training reads (train.feature_source=online).
+"""The store's records without their features: what online training reads (train.features=online).
 
-    records = token_records(cfg)   # every rank: the same records, in the store's order
-    records[i]                     # Record(input_ids [S], loss_mask [S], hidden_states=None)
+    records = token_records(prep, target)   # every rank: the same records, in the store's order
+    records[i]                              # Record(input_ids [S], loss_mask [S], hidden_states=None)
 
-The records are the ones `prepare(cfg)` would write, in the same order: the same conversations
+`prep` is the job's PrepConfig and `target` its resolved target (data_prep/data_config.py). The
+records are the ones `prepare(prep, target)` would write, in the same order: the same conversations
 (read, and regenerated through the same reply cache in store_dir/regenerated), cut into the same
 slices of `data.shard_records`, tokenized and masked by the same function
 (`data_prep.template.tokenize_chunk`). Slice k is tokenized by rank k mod world, as data_prep
@@ -16,12 +17,12 @@ import logging
 import time
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from eagle.common import distributed
 from data_prep.conversations import DataError
+from data_prep.data_config import PrepConfig, TargetFiles
 from data_prep.pipeline import open_job, writing_store
 from data_prep.store import Record
 from data_prep.template import tokenize_chunk
@@ -76,22 +77,21 @@ class TokenRecords:
         return Record(input_ids, loss_mask, None)
 
 
-def token_records(cfg) -> TokenRecords:
-    """The records of `cfg`'s store, tokens and masks only. Every rank of the group calls it."""
+def token_records(prep: PrepConfig, target: TargetFiles) -> TokenRecords:
+    """The records of `prep`'s store, tokens and masks only. Every rank of the group calls it."""
     rank, world = distributed.init()
-    out = Path(cfg.store_dir).expanduser()
     start = time.perf_counter()
-    if cfg.data.regenerate:  # the reply cache lives in the store folder, written by one job at a time
-        with writing_store(out, rank):
-            job = open_job(cfg, out, rank, world)
+    if prep.data.regenerate:  # the reply cache lives in the store folder, written by one job at a time
+        with writing_store(prep.store_dir, rank):
+            job = open_job(prep, target, rank, world)
     else:
-        job = open_job(cfg, out, rank, world)
-    size = int(cfg.data.shard_records)
+        job = open_job(prep, target, rank, world)
+    size = prep.data.shard_records
     n_slices = -(-len(job.conversations) // size)
     mine = {}
     for k in range(rank, n_slices, world):
         tokenized, skipped = tokenize_chunk(job.tokenizer, job.conversations[k * size:(k + 1) * size],
-                                            int(cfg.model.max_len))
+                                            prep.model.max_len)
         mine[k] = (Packed.of(tokenized), skipped)  # flat tensors: Python int lists would cost ~36 bytes a token
     slices = distributed.merged(mine)
     records = [r for k in range(n_slices) for r in slices[k][0].records()]
@@ -101,7 +101,7 @@ def token_records(cfg) -> TokenRecords:
     source = {**job.source, "skipped": dict(sorted(skipped.items())), "kept": len(records)}
     if not records:
         reasons = ", ".join(f"{n} {why}" for why, n in skipped.most_common())
-        raise DataError(str(cfg.data.source), None, "", f"no usable conversation after tokenization: read "
+        raise DataError(str(prep.data.source), None, "", f"no usable conversation after tokenization: read "
                         f"{job.source.get('read')}, kept 0; skipped by reason: {reasons}")
     log.info("online: %d records (%d tokens) tokenized in %.1f s over %d rank(s)", len(records),
              sum(len(ids) for ids, _ in records), time.perf_counter() - start, world)

@@ -15,11 +15,18 @@ outputs f̂_{t+1}; draft logits are the draft vocabulary's scores of f̂. The *r
 tree is the last committed token: decided by the target but not yet in either KV cache.
 EAGLE-3 heads read three target layers side by side instead of f_t; everything else is shared.
 
-Target forwards run compiled with fixed shapes by default (`compile`, eagle/compiled/target_graphs.py):
-the tree is padded to its budget and the KV cache is static, in buckets. `DecodeState.target_cache`
-is then the `CompiledTarget` that holds it; eager, it is HF's DynamicCache. The head and its scorer
-compile the same way (eagle/compiled/head_graphs.py): `DecodeState.head_past` is then `HeadRows`, the rows
-of the head's fixed-shape buffer; eager, the head's KV tensors.
+Generation: `generate(input_ids, ..., stream=False, method="eagle")` returns ids [1, S+new], or with
+`stream=True` an iterator of the new tokens; method="naive" decodes plainly, one target forward per
+token (`plain`, eagle/decoding/plain_step.py). `eagenerate`, `naivegenerate`, `ea_generate` and
+`naive_generate` are its EAGLE-named forms.
+
+Runners (eagle/decoding/runners.py). The decoder reaches the target only through `runner` and the
+head only through `drafter.runner`, each picked once when the model is built: compiled with fixed
+shapes by default (`compile`; eagle/compiled/target_graphs.py `CompiledTarget`: the tree padded to its
+budget over a static KV cache in buckets; eagle/compiled/head_graphs.py `CompiledHead`), or eager
+(eagle/decoding/eager_target.py over HF's DynamicCache with a tree mask per layer type, which targets
+with sliding windows always use; eagle/decoding/eager_head.py). `DecodeState.target_cache` and
+`head_past` hold whatever cache the runners return, and the steps only hand them back.
 """
 
 from __future__ import annotations
@@ -33,29 +40,31 @@ from pathlib import Path
 import torch
 from torch import nn
 from torch.profiler import record_function
-from transformers import AutoModelForCausalLM, DynamicCache
+from transformers import AutoModelForCausalLM
 
-import eagle.tuning.budget_cache as tuning_cache
+from eagle.tuning import budget_cache
 from eagle.tuning.tuner import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget, describe, tune_tree
 from eagle.heads.checkpoint import Head, load_head
 from eagle.compiled.head_graphs import CompiledHead
 from eagle.compiled.target_graphs import CompiledTarget, compilable, wanted
 from eagle.decoding.tree_drafter import Drafter
-from eagle.heads.feature_layers import head_layers
-from eagle.decoding.kv_commit import commit_cache, prepare_cache
+from eagle.heads.feature_layers import LAST, head_layers
+from eagle.decoding.eager_target import EagerTarget
 from eagle.decoding.prompt_lookup import lookup_chain, merge_chain
-from eagle.decoding.plain_step import plain_step
+from eagle.decoding.plain_step import PlainStep
+from eagle.decoding.runners import TargetRunner
 from eagle.decoding.settings import TreeSettings
 from eagle.decoding.state import DecodeState
 from eagle.decoding.stats import GenerationStats, TokenBudget
 from eagle.targets.resolve import resolve_target
 from eagle.targets.tokenizer import eos_token_ids, tokenizer_if_any
-from eagle.decoding.tree import Tree, build_tree, sliding_tree_mask, static_tree, tree_attention_mask
+from eagle.decoding.tree import Tree, build_tree, static_tree
 from eagle.decoding.verify import SamplingParams, sample, verify_greedy, verify_sampling
 from eagle.heads.draft_vocab import DraftVocabulary
 
 log = logging.getLogger("eagle")
 GREEDY = SamplingParams()
+METHODS = ("eagle", "naive")  # generate's: speculative decoding, plain decoding
 
 
 @dataclass
@@ -90,14 +99,15 @@ class EaModel(nn.Module):
         self.last_stats: GenerationStats | None = None
         self.tuning: TreeBudget | None = None
         _check_head_fits(head, target)
-        self.feature_layers = _feature_layers(head, target)  # hidden_states the head reads; None: the last
+        self.feature_layers = _feature_layers(head, target)  # hidden_states the head reads, side by side
         vocab = DraftVocabulary.of(head, target.get_output_embeddings(), settings.draft_vocab)
         # compiled (the default; compile=False or EAGLE_COMPILE=0 turn it off): head and scorer at fixed shapes
         # (eagle/compiled/head_graphs.py), and the target's forwards at fixed shapes over a bucketed static cache
         # (eagle/compiled/target_graphs.py); targets with sliding windows keep eager forwards
         self.drafter = Drafter(self.head, target.get_input_embeddings(), vocab, compiled=wanted(compile))
         self.compiled = CompiledTarget.of(self.target) if wanted(compile) and compilable(self.target) else None
-        self.plain = plain_step(self.target, self.compiled is not None)  # naive_generate's forwards
+        self.runner: TargetRunner = EagerTarget(self.target) if self.compiled is None else self.compiled
+        self.plain = PlainStep(self.runner)  # plain decoding's forwards, through the same runner
 
     @classmethod
     def from_modules(cls, target: nn.Module, head: Head, tokenizer=None,
@@ -139,13 +149,13 @@ class EaModel(nn.Module):
         prompts is stored for the next load."""
         sizes = SIZES if self.compiled is None else COMPILED_SIZES  # compiled: a graph per size timed
         plain = not self.settings.lookup
-        key = tuning_cache.budget_key(self, sizes, DEPTHS, plain) if prompts is None else None
-        budget = tuning_cache.load(key) if key is not None and reuse else None
+        key = budget_cache.budget_key(self, sizes, DEPTHS, plain) if prompts is None else None
+        budget = budget_cache.load(key) if key is not None and reuse else None
         if budget is None:
             log.info("timing the draft tree on this machine (once: the pick is cached)")
             budget = tune_tree(self, prompts, sizes, plain=plain)
             if key is not None:
-                tuning_cache.save(key, budget)
+                budget_cache.save(key, budget)
         self.tuning = budget
         self.settings = self.settings.tuned(budget.total_token, budget.depth)
         log.info(describe(budget))
@@ -163,29 +173,65 @@ class EaModel(nn.Module):
 
     # ---- generation ------------------------------------------------------------------------
 
+    def generate(self, input_ids: torch.Tensor, temperature: float = 0.0, top_p: float = 0.0, top_k: int = 0,
+                 max_new_tokens: int = 512, max_length: int = 2048, log: bool = False, *, stream: bool = False,
+                 method: str = "eagle"):
+        """Decode after input_ids [1, S]: method "eagle" speculatively (plain steps at a one-node tree,
+        `plain_decoding`), "naive" by plain steps, one target forward per token; same tokens either
+        way when greedy (temperature 0). Stops at `max_new_tokens`, at `max_length` tokens in all, or
+        after an end token. Returns ids [1, S+new] (prompt + new), or (ids, new_tokens, steps) with log;
+        stream=True: an iterator of the new tokens as they are decided ([n] long tensors), `last_stats`
+        complete when it ends."""
+        if method not in METHODS:
+            raise ValueError(f"method={method!r}: use 'eagle' (speculative decoding) or 'naive' (plain decoding)")
+        if stream and log:
+            raise ValueError("log=True counts a whole reply: with stream=True read last_stats when the stream ends")
+        tokens = self._stream(method, input_ids, (temperature, top_p, top_k), max_new_tokens, max_length)
+        return tokens if stream else self._collect(input_ids, tokens, log)
+
     def eagenerate(self, input_ids: torch.Tensor, temperature: float = 0.0, top_p: float = 0.0, top_k: int = 0,
                    max_new_tokens: int = 512, max_length: int = 2048, log: bool = False):
-        """Speculative decoding. Returns ids [1, S] (prompt + new), or (ids, new_tokens, steps) with log."""
-        stream = self.ea_generate(input_ids, temperature, top_p, top_k, max_new_tokens, max_length)
-        return self._collect(input_ids, stream, log)
+        """Speculative decoding (`generate`). Returns ids [1, S] (prompt + new), or (ids, new_tokens, steps) with log."""
+        return self.generate(input_ids, temperature, top_p, top_k, max_new_tokens, max_length, log)
 
     def naivegenerate(self, input_ids: torch.Tensor, temperature: float = 0.0, top_p: float = 0.0, top_k: int = 0,
                       max_new_tokens: int = 512, max_length: int = 2048, log: bool = False):
         """Plain decoding through the same target, one forward per token; same return as eagenerate."""
-        stream = self.naive_generate(input_ids, temperature, top_p, top_k, max_new_tokens, max_length)
-        return self._collect(input_ids, stream, log)
+        return self.generate(input_ids, temperature, top_p, top_k, max_new_tokens, max_length, log, method="naive")
 
-    @torch.inference_mode()
     def ea_generate(self, input_ids: torch.Tensor, temperature: float = 0.0, top_p: float = 0.0, top_k: int = 0,
                     max_new_tokens: int = 512, max_length: int = 2048) -> Iterator[torch.Tensor]:
-        """Stream of newly accepted token ids ([n] long tensors) for input_ids [1, S]."""
-        params = SamplingParams(temperature, top_p, top_k)
-        if self.plain_decoding:
-            yield from self._plain_stream("eagle", input_ids, params, max_new_tokens, max_length)
-            return
-        stats, budget = self._start("eagle", input_ids, max_new_tokens, max_length)
+        """Stream of newly accepted token ids ([n] long tensors) for input_ids [1, S] (`generate(stream=True)`)."""
+        return self.generate(input_ids, temperature, top_p, top_k, max_new_tokens, max_length, stream=True)
+
+    def naive_generate(self, input_ids: torch.Tensor, temperature: float = 0.0, top_p: float = 0.0, top_k: int = 0,
+                       max_new_tokens: int = 512, max_length: int = 2048) -> Iterator[torch.Tensor]:
+        """Stream of tokens ([1] long tensors), one target forward each."""
+        return self.generate(input_ids, temperature, top_p, top_k, max_new_tokens, max_length, stream=True,
+                             method="naive")
+
+    @property
+    def plain_decoding(self) -> bool:
+        """A one-node dynamic tree without lookup drafts nothing: eagenerate decodes by plain steps
+        (what `total_token="auto"` picks where no tree is faster on this device)."""
+        s = self.settings
+        return s.total_token == 1 and s.choices is None and s.tree == "dynamic" and not s.lookup
+
+    @torch.inference_mode()
+    def _stream(self, method: str, input_ids: torch.Tensor, sampling: tuple[float, float, int], max_new_tokens: int,
+                max_length: int) -> Iterator[torch.Tensor]:
+        """The new tokens of a generation as they are decided; `last_stats` counts them. Checks its
+        arguments (sampling: temperature, top_p, top_k) at the first token asked for."""
+        params = SamplingParams(*sampling)
+        stats, budget = self._start(method, input_ids, max_new_tokens, max_length)
         if budget.done:
             return
+        steps = self._plain_steps if method == "naive" or self.plain_decoding else self._tree_steps
+        yield from steps(stats, budget, input_ids, params)
+
+    def _tree_steps(self, stats: GenerationStats, budget: TokenBudget, input_ids: torch.Tensor,
+                    params: SamplingParams) -> Iterator[torch.Tensor]:
+        """prefill, then draft + step until the budget is spent: the first token [1], then [n] a step."""
         start = time.perf_counter()
         state, first = self.prefill(input_ids, params)
         stats.prefill_seconds = time.perf_counter() - start
@@ -197,25 +243,9 @@ class EaModel(nn.Module):
             stats.accept_lengths.append(new.numel())
             yield self._emit(stats, budget, new, start)
 
-    @torch.inference_mode()
-    def naive_generate(self, input_ids: torch.Tensor, temperature: float = 0.0, top_p: float = 0.0, top_k: int = 0,
-                       max_new_tokens: int = 512, max_length: int = 2048) -> Iterator[torch.Tensor]:
-        """Stream of tokens ([1] long tensors), one target forward each."""
-        yield from self._plain_stream("naive", input_ids, SamplingParams(temperature, top_p, top_k),
-                                      max_new_tokens, max_length)
-
-    @property
-    def plain_decoding(self) -> bool:
-        """A one-node dynamic tree without lookup drafts nothing: eagenerate decodes by plain steps
-        (what `total_token="auto"` picks where no tree is faster on this device)."""
-        s = self.settings
-        return s.total_token == 1 and s.choices is None and s.tree == "dynamic" and not s.lookup
-
-    def _plain_stream(self, method: str, input_ids: torch.Tensor, params: SamplingParams, max_new_tokens: int,
-                      max_length: int) -> Iterator[torch.Tensor]:
-        stats, budget = self._start(method, input_ids, max_new_tokens, max_length)
-        if budget.done:
-            return
+    def _plain_steps(self, stats: GenerationStats, budget: TokenBudget, input_ids: torch.Tensor,
+                     params: SamplingParams) -> Iterator[torch.Tensor]:
+        """One target forward per token ([1] each) through `plain`."""
         start = time.perf_counter()
         logits = self.plain.prefill(input_ids)  # [V]
         stats.prefill_seconds = time.perf_counter() - start
@@ -232,16 +262,8 @@ class EaModel(nn.Module):
 
     def prefill(self, input_ids: torch.Tensor, params: SamplingParams = GREEDY) -> tuple[DecodeState, torch.Tensor]:
         """Target and head over the prompt [1, S]; returns the state and the first new token [1]."""
-        s = input_ids.shape[1]
-        if self.compiled is not None:
-            cache = self.compiled
-            logits, features = self._outputs(self.compiled.prefill(input_ids, self.verify_rows, hidden=True), s)
-        else:
-            cache = DynamicCache(config=self.target.config)
-            prepare_cache(cache)  # sliding-window layers keep a tree's rows until commit
-            logits, features = self._outputs(self.target(input_ids=input_ids, past_key_values=cache, use_cache=True,
-                                                         output_hidden_states=True), s)  # [S, V], [S, F]
-            commit_cache(cache, s, torch.zeros(0, dtype=torch.long))  # sliding-window layers: back to their window
+        out, cache = self.runner.prefill(input_ids, self.verify_rows)  # compiled: a bucket with room for a tree
+        logits, features = self._outputs(out, input_ids.shape[1])  # [S, V], [S, F]
         root = sample(logits[-1], params).reshape(1)  # [1]
         ids = torch.cat([input_ids, root[None]], dim=1)  # [1, S+1]
         hidden, head_past = self.drafter.prefill(features, ids[0, 1:])
@@ -283,35 +305,9 @@ class EaModel(nn.Module):
         rows: compiled forwards pad the tree to this width (default `_verify_width`; one graph per width)."""
         past, device, n = state.committed, state.ids.device, tree.size
         tokens, positions = tree.tokens.to(device), past + tree.depths.to(device)  # [N]
-        if self.compiled is not None:
-            with record_function("eagle.decoding.verify.forward"):
-                width = max(rows or self._verify_width(n), n)
-                out = self.compiled.forward(tokens, positions, tree.ancestors, past, width, hidden=True)
-            return Verified(*self._outputs(out, n))
-        with record_function("eagle.decoding.verify.mask"):
-            mask = self._tree_masks(tree, state)
-        with record_function("eagle.decoding.verify.forward"):
-            out = self.target(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
-                              past_key_values=state.target_cache, use_cache=True, output_hidden_states=True)
+        width = max(rows or self._verify_width(n), n)
+        out = self.runner.tree_forward(state.target_cache, tokens, positions, tree, past, width)
         return Verified(*self._outputs(out, n))
-
-    def _tree_masks(self, tree: Tree, state: DecodeState) -> torch.Tensor | dict[str, torch.Tensor]:
-        """The tree's additive attention mask [1, 1, N, K] for every layer type of the target.
-
-        Full attention sees the committed prefix and each node's ancestors. A sliding-window
-        layer sees only its window of positions (eagle.decoding.tree.sliding_tree_mask). Models that
-        mix both (Gemma-2/3, Qwen-2) take a dict keyed by layer type; models whose every layer
-        slides (Mistral, Phi-3) take the sliding mask alone."""
-        past, dtype, device = state.committed, self.drafter.dtype, state.ids.device
-        full = tree_attention_mask(tree.ancestors, past, dtype).to(device)
-        sliding = next((layer for layer in state.target_cache.layers if getattr(layer, "is_sliding", False)), None)
-        if sliding is None:
-            return full
-        window = sliding_tree_mask(tree.ancestors, tree.depths, past, sliding.keys.shape[-2], sliding.sliding_window,
-                                   dtype).to(device)
-        if getattr(self.target.config.get_text_config(), "layer_types", None) is None:
-            return window
-        return {"full_attention": full, "sliding_attention": window}
 
     def accept(self, tree: Tree, verified: Verified, params: SamplingParams = GREEDY) -> tuple[torch.Tensor, int]:
         """3. The accepted root-to-node path (node indices [n-1], root first) and the bonus token."""
@@ -340,13 +336,9 @@ class EaModel(nn.Module):
         """Drop the rows a `verify` appended to the target cache, as if it had not run."""
         self._keep_rows(state, torch.zeros(0, dtype=torch.long))
 
-    @staticmethod
-    def _keep_rows(state: DecodeState, path: torch.Tensor) -> None:
+    def _keep_rows(self, state: DecodeState, path: torch.Tensor) -> None:
         """Keep tree nodes `path` [n] of the target cache after its committed rows (in place)."""
-        if isinstance(state.target_cache, CompiledTarget):
-            state.target_cache.commit(state.committed, path)
-        else:
-            commit_cache(state.target_cache, state.committed, path)
+        self.runner.keep_rows(state.target_cache, state.committed, path)
 
     def step(self, state: DecodeState, tree: Tree, params: SamplingParams = GREEDY,
              rows: int | None = None) -> tuple[DecodeState, torch.Tensor]:
@@ -360,9 +352,8 @@ class EaModel(nn.Module):
     def _outputs(self, out, n: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A target forward's first n rows: logits [n, V] and the head's input features [n, H]
         (EAGLE-3: [n, 3H], its layers side by side). Rows past n are a compiled forward's padding."""
-        if self.feature_layers is None:
-            return out.logits[0, :n], out.hidden_states[-1][0, :n]
-        return out.logits[0, :n], torch.cat([out.hidden_states[i][0, :n] for i in self.feature_layers], dim=-1)
+        states = [out.hidden_states[i][0, :n] for i in self.feature_layers]  # each [n, H]
+        return out.logits[0, :n], states[0] if len(states) == 1 else torch.cat(states, dim=-1)
 
     def _start(self, method: str, input_ids: torch.Tensor, max_new_tokens: int, max_length: int):
         if input_ids.dim() != 2 or input_ids.shape[0] != 1:
@@ -413,8 +404,8 @@ def _check_head_fits(head: Head, target: nn.Module) -> None:
         )
 
 
-def _feature_layers(head: Head, target: nn.Module) -> list[int] | None:
-    """hidden_states indices an EAGLE-3 head reads (eagle.heads.feature_layers), None for EAGLE-1/2."""
+def _feature_layers(head: Head, target: nn.Module) -> list[int]:
+    """hidden_states indices the head reads: an EAGLE-3 head's (eagle.heads.feature_layers), the last for EAGLE-1/2."""
     if head.config.architecture != "eagle3":
-        return None
+        return [LAST]
     return head_layers(head.config.feature_layers, target.config.get_text_config().num_hidden_layers)

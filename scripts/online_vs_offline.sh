@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The embedded default trained twice with the same data, order, seed and noise: from a feature store
-# (offline, the default) and with the target inside the training step (train.feature_source=online). Then
-# τ of both heads on MT-bench and one table + loss plot (python -m evaluation.online_offline).
+# (offline, the default) and with the target inside the training step (train.features=online). Then
+# τ of both heads on MT-bench and one table + loss plot (python -m experiments.online_offline).
 # Each stage is skipped when its output exists; delete a run folder to redo it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,10 +21,10 @@ echo "== data_prep (offline only)"
 for mode in offline online; do
   echo "== train $mode"
   features=store; [ "$mode" = online ] && features=online
-  [ -f "$OUT/$mode/head/config.json" ] || timed "train_$mode" $PY -m train "${DATA[@]}" "${TRAIN[@]}" train.feature_source=$features output_dir="$OUT/$mode"
+  [ -f "$OUT/$mode/head/config.json" ] || timed "train_$mode" $PY -m train "${DATA[@]}" "${TRAIN[@]}" train.features=$features output_dir="$OUT/$mode"
   echo "== τ $mode"
   [ -f "$REPORT/tau-$mode.json" ] || $PY -m evaluation.tau "$OUT/$mode/head" --prompts mtbench --num-prompts 8 \
       --max-new-tokens 64 --dtype bfloat16 > "$REPORT/tau-$mode.json"
 done
-$PY -m evaluation.online_offline --runs offline="$OUT/offline" online="$OUT/online" --report "$REPORT" \
+$PY -m experiments.online_offline --runs offline="$OUT/offline" online="$OUT/online" --report "$REPORT" \
     --seconds "$OUT/seconds.txt"

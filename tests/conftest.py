@@ -28,13 +28,13 @@ def _single_thread():
 
 
 @pytest.fixture(autouse=True)
-def _own_tuning_cache(tmp_path_factory, monkeypatch):
-    """Budgets a test tunes (`total_token="auto"`) go to the session's temporary folder, never to the
+def _own_budget_cache(tmp_path_factory, monkeypatch):
+    """Budgets a test tunes (`total_token="auto"`) go to the test run's temporary folder, never to the
     user's ~/.cache; a test that points EAGLE_CACHE somewhere keeps that."""
-    from eagle.tuning import budget_cache as tuning_cache
+    from eagle.tuning import budget_cache
 
     default = tmp_path_factory.getbasetemp() / "eagle-cache"
-    monkeypatch.setattr(tuning_cache, "cache_dir", lambda: Path(os.environ.get("EAGLE_CACHE") or default))
+    monkeypatch.setattr(budget_cache, "cache_dir", lambda: Path(os.environ.get("EAGLE_CACHE") or default))
 
 
 @pytest.fixture

@@ -99,16 +99,6 @@ def test_end_to_end_on_tiny_target(tiny_dir, tmp_path):
                                                                "accepted_length_hist.png"}
 
 
-def test_the_compiled_forward_probe_runs_and_matches_eager_in_fp32(tiny_dir):
-    """evaluation.compiled_forward on a tiny target: the static cache and the compiled forward give the
-    eager DynamicCache's logits (fp32, to rounding), one compile."""
-    from evaluation.compiled_forward import main
-
-    rows = main(["--base", str(tiny_dir), "--dtype", "float32", "--cache-len", "256", "--k", "4", "--reps", "2"])
-    assert [r["way"] for r in rows] == ["dynamic", "static", "compiled"]
-    assert all(r["ms"] > 0 and r["max_dlogit"] < 1e-3 and r.get("same_argmax", True) for r in rows)
-
-
 def test_a_lookup_method_tunes_its_own_tree_where_its_plain_method_decodes_plainly(tmp_path, monkeypatch):
     """`eagle2-lookup` reuses eagle2's tuned budget, unless that budget is plain decoding (a lookup
     branch on a one-node tree would waste its draft): then it times trees of its own."""

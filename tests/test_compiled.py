@@ -8,7 +8,9 @@ from transformers import MistralConfig, MistralForCausalLM
 
 from eagle.compiled.target_graphs import BUCKET, CompiledTarget, bucket, compilable
 from eagle.model import EaModel
-from eagle.decoding.plain_step import CompiledStep, EagerStep, plain_step
+from eagle.decoding.eager_head import EagerHead
+from eagle.decoding.eager_target import EagerTarget
+from eagle.decoding.runners import HeadRunner, TargetRunner
 from eagle.decoding.settings import TreeSettings
 from eagle.decoding.tree import build_tree
 from tests.tiny import FIXED, TREES, hf_greedy, near_bigram_pair, prompt, random_head, tiny_llama
@@ -26,13 +28,25 @@ def test_decoders_compile_by_default_unless_told_not_to(monkeypatch):
     assert EaModel(target, head, settings=FIXED, compile=False).compiled is None
     monkeypatch.setenv("EAGLE_COMPILE", "0")  # what the test suite runs with (tests/conftest.py)
     model = EaModel(target, head, settings=FIXED)
-    assert model.compiled is None and isinstance(model.plain, EagerStep)
+    assert model.compiled is None and isinstance(model.runner, EagerTarget) and model.plain.runner is model.runner
+    assert isinstance(model.drafter.runner, EagerHead) and model.drafter.compiled is None and model.runners == []
+
+
+def test_eager_and_compiled_runners_share_one_interface():
+    target = tiny_llama(seed=2)
+    head = random_head(target)
+    eager, compiled = (EaModel(target, head, settings=FIXED, compile=c) for c in (False, True))
+    for model in (eager, compiled):
+        assert isinstance(model.runner, TargetRunner) and isinstance(model.drafter.runner, HeadRunner)
+    assert compiled.runner is compiled.compiled is CompiledTarget.of(target) and compiled.plain.runner is compiled.runner
+    assert compiled.drafter.runner is compiled.drafter.compiled and compiled.runners == [compiled.runner,
+                                                                                          compiled.drafter.runner]
 
 
 def test_compiled_plain_decoding_equals_hf_generate_and_compiles_once_per_shape():
     target = tiny_llama(seed=1)
     model = EaModel(target, random_head(target), settings=FIXED, compile=True)
-    assert isinstance(model.plain, CompiledStep) and model.compiled is CompiledTarget.of(target)
+    assert model.plain.runner is model.runner is model.compiled is CompiledTarget.of(target)
     for seed, length in ((0, 9), (1, 23)):  # two prompt lengths, one bucket: one graph
         ids = prompt(seed, length)
         assert torch.equal(model.naivegenerate(ids, max_new_tokens=30), hf_greedy(target, ids, 30)), seed
@@ -99,10 +113,10 @@ def test_targets_with_sliding_windows_stay_eager():
     cfg = MistralConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, sliding_window=16)
     mistral = MistralForCausalLM(cfg).eval()
-    assert not compilable(mistral) and isinstance(plain_step(mistral, compile=True), EagerStep)
-    assert isinstance(plain_step(tiny_llama(), compile=False), EagerStep)
+    assert not compilable(mistral)
     model = EaModel(mistral, random_head(mistral), settings=FIXED, compile=True)
-    assert model.compiled is None
+    assert model.compiled is None and isinstance(model.runner, EagerTarget) and model.plain.runner is model.runner
+    assert model.drafter.compiled is not None  # the head compiles; the target's forwards stay eager
     ids = prompt(5, 20)
     assert torch.equal(model.eagenerate(ids, max_new_tokens=20), hf_greedy(mistral, ids, 20))
 

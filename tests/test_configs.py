@@ -94,29 +94,104 @@ def test_every_preset_plans_offline(model, monkeypatch, tmp_path):
     """plan=true from the preset alone: no download, the sizes from the preset when the target is not here."""
     from huggingface_hub import constants
 
-    from data_prep.plan import make_plan
+    from data_prep.data_config import prep_config
+    from data_prep.plan import store_plan
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         cfg = compose(config_name="config", overrides=[f"+model={model}", "data.limit=50", f"store_dir={tmp_path}"])
-    plan = make_plan(cfg)
+    plan = store_plan(prep_config(cfg))
     assert plan.tokens > 0 and plan.bytes_per_token > 2 * plan.target.hidden and plan.memory
+    assert not any("train" in line for line in plan.lines())  # data_prep's plan: the store's side only
 
 
 def test_the_plan_costs_store_and_online_and_recommends_one(tmp_path):
     """Vicuna-7B on all of ShareGPT: 675 GB of store against one target forward per epoch online. The
     recommendation follows the disk: online when the store cannot fit, the store when it fits easily."""
-    from data_prep.plan import GB, make_plan
+    from data_prep.plan import GB
+    from train.config import validate
+    from train.training_plan import training_plan
 
     with initialize_config_dir(config_dir=str(CONF), version_base=None):
         cfg = compose(config_name="config", overrides=["+model=vicuna7b", f"store_dir={tmp_path}"])
-    plan = make_plan(cfg)
-    text = "\n".join(plan.lines())
-    assert "option store (train.feature_source=store): 674.85 GB" in text and "option online" in text
+    trained = training_plan(validate(cfg))
+    plan, choice = trained.store, trained.choice
+    text = "\n".join(trained.lines())
+    assert "option store (train.features=store): 674.85 GB" in text and "option online" in text
+    assert "memory per rank, train device (head" in text
     flops_7b = 2 * plan.target.params * plan.tokens  # one forward of 6.7B parameters over 88.4M tokens
-    assert plan.choice.target_flops == flops_7b and 3 < (flops_7b + plan.choice.head_flops) / plan.choice.head_flops < 12
-    assert plan.choice.epochs == 20 and plan.choice.online_gb > plan.target.params * 2 / GB
+    assert choice.target_flops == flops_7b and 3 < (flops_7b + choice.head_flops) / choice.head_flops < 12
+    assert choice.epochs == 20 and choice.online_gb > plan.target.params * 2 / GB
     plan.free_bytes = 100 * plan.store_bytes
-    assert plan.choice.recommend(plan)[0] == "store"
+    assert choice.recommend(plan)[0] == "store"
     plan.free_bytes = plan.store_bytes // 2
-    assert plan.choice.recommend(plan)[0] == "online" and "recommended: train.feature_source=online" in plan.lines()[-1]
+    assert choice.recommend(plan)[0] == "online" and "recommended: train.features=online" in trained.lines()[-1]
+
+
+def _yaml_section(path: Path, section: str | None) -> dict:
+    """A YAML file's section (None: the whole file) as plain values, Hydra's `defaults` left out."""
+    node = OmegaConf.load(path)
+    node = node if section is None else node.get(section)
+    return {k: v for k, v in OmegaConf.to_container(node or {}).items() if k != "defaults"}
+
+
+def test_the_data_prep_schema_matches_the_yaml():
+    """data_prep/data_config.py has exactly the keys of conf/data/sharegpt_packaged.yaml (every data
+    preset's base) with its values as defaults; every other data and model preset sets only keys of
+    the schema; the top-level keys data_prep reads default to conf/config.yaml's values."""
+    from dataclasses import asdict, fields
+
+    from data_prep.data_config import DataConfig, ModelConfig, PrepConfig
+
+    assert _yaml_section(CONF / "data" / "sharegpt_packaged.yaml", None) == asdict(DataConfig())
+    data_keys = {f.name for f in fields(DataConfig)}
+    for path in sorted((CONF / "data").glob("*.yaml")):
+        assert set(_yaml_section(path, None)) <= data_keys, path.name
+    model_keys = {f.name for f in fields(ModelConfig)}
+    for path in sorted((CONF / "model").glob("*.yaml")) + sorted((CONF / "head").glob("*.yaml")):
+        assert set(_yaml_section(path, "model")) <= model_keys, path.name
+    for path in sorted((CONF / "model").glob("*.yaml")):
+        model = _yaml_section(path, "model")
+        assert all(model[f.name] is not None for f in fields(ModelConfig) if f.default is f.default_factory), path.name
+    assert _yaml_section(CONF / "head" / "eagle2.yaml", "model")["feature_layers"] == ModelConfig("m", "p", 8).feature_layers
+    yaml = OmegaConf.load(CONF / "config.yaml")
+    top = {f.name: f.default for f in fields(PrepConfig) if f.name not in ("model", "data", "store_dir")}
+    assert top == {k: yaml[k] for k in top} and "store_dir" in yaml
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_every_preset_converts_to_the_data_prep_schema(model):
+    from data_prep.data_config import prep_config
+
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        for head in ("eagle2", "eagle3"):
+            cfg = compose(config_name="config", overrides=[f"+model={model}", f"head={head}"])
+            prep = prep_config(cfg)
+            assert prep.model.path == cfg.model.path and prep.store_dir.name in str(cfg.store_dir)
+            assert prep.model.feature_layers == list(cfg.model.feature_layers)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("data.limit=many", "data.limit='many': expected an integer or null"),
+    ("data.regenerate=3", "data.regenerate=3: expected true or false"),
+    ("data.regen.batch_size=1.5", "data.regen.batch_size=1.5: expected an integer"),
+    ("+data.limt=4", "data.limt is not a key data_prep knows"),
+    ("model.feature_layers=[a]", "model.feature_layers=['a']: expected a list of an integer"),
+    ("data.shard_records=0", "data.shard_records and data.batch_tokens must be >= 1"),
+])
+def test_a_bad_data_prep_key_is_one_error_that_names_it(override, message):
+    from data_prep.data_config import ConfigError, prep_config
+
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        cfg = compose(config_name="config", overrides=["+model=smollm2_135m", override])
+    with pytest.raises(ConfigError) as err:
+        prep_config(cfg)
+    assert message in str(err.value) and "\n" not in str(err.value)
+    with initialize_config_dir(config_dir=str(CONF), version_base=None):
+        bare = compose(config_name="config", overrides=["head=eagle3"])
+    with pytest.raises(ConfigError, match=r"\+model=NAME"):
+        prep_config(bare)
+
+
+def test_only_data_prep_has_a_data_config_module():
+    assert [p.relative_to(CONF.parent).as_posix() for p in CONF.parent.glob("*/data_config.py")] == ["data_prep/data_config.py"]

@@ -1,4 +1,5 @@
-"""The layering you can draw: eagle <- data_prep <- train <- evaluation, and no import cycles.
+"""The layering you can draw: eagle <- data_prep <- train <- evaluation <- experiments, no import
+cycles, and no file name used in two places.
 
 Every import counts, at module level or inside a function: a lazy import is still a
 dependency. `python tests/test_layering.py [ROOT]` prints the package graph and its edges.
@@ -11,7 +12,7 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-LAYERS = ("eagle", "data_prep", "train", "evaluation")  # lowest first: a package imports only those before it
+LAYERS = ("eagle", "data_prep", "train", "evaluation", "experiments")  # lowest first: a package imports only those before it
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -95,8 +96,23 @@ def test_no_import_cycles_between_modules():
     assert cycles(module_imports()) == []
 
 
+def shared_file_names(root: Path = ROOT, packages=LAYERS) -> dict[str, list[str]]:
+    """{file name: its paths} for the names (dunder files aside) that occur more than once in the packages."""
+    paths: dict[str, list[str]] = defaultdict(list)
+    for f in sorted(f for p in packages for f in (root / p).rglob("*.py")):
+        if not f.name.startswith("__"):
+            paths[f.name].append(f.relative_to(root).as_posix())
+    return {name: found for name, found in paths.items() if len(found) > 1}
+
+
+def test_no_two_modules_share_a_file_name():
+    """A file name says which module it is, whichever package it sits in."""
+    assert shared_file_names() == {}
+
+
 def test_the_checks_see_a_back_edge_and_a_cycle(tmp_path):
-    """The checks themselves: a planted back-edge and a planted cycle are both reported."""
+    """The checks themselves: a planted back-edge, a planted cycle and a planted shared file name are
+    all reported."""
     for package in LAYERS:
         (tmp_path / package).mkdir()
         (tmp_path / package / "__init__.py").write_text("")
@@ -105,6 +121,8 @@ def test_the_checks_see_a_back_edge_and_a_cycle(tmp_path):
     graph = module_imports(tmp_path)
     assert back_edges(graph) == ["eagle.a -> train.b"]
     assert cycles(graph) == [["eagle.a", "train.b"]]
+    (tmp_path / "experiments" / "b.py").write_text("")
+    assert shared_file_names(tmp_path) == {"b.py": ["experiments/b.py", "train/b.py"]}
 
 
 if __name__ == "__main__":

@@ -186,6 +186,39 @@ def test_streaming_yields_the_same_tokens():
     assert torch.equal(torch.cat([ids[0], *chunks]), model.eagenerate(ids, max_new_tokens=25)[0])
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_generate_streams_and_the_eagle_names_are_its_aliases(temperature):
+    """generate(stream=...) and its four EAGLE-named forms give the same tokens and the same stats
+    (sampling: from the same seed)."""
+    target, head = near_bigram_pair(2)
+    model = EaModel(target, head, settings=FIXED)
+    ids = prompt(4, 5)
+
+    def run(fn, *args, **kwargs):
+        torch.manual_seed(0)
+        out = fn(ids, temperature, 0.9 if temperature else 0.0, *args, max_new_tokens=25, **kwargs)
+        out = torch.cat([ids, *(t[None] for t in out)], dim=1) if not isinstance(out, torch.Tensor) else out
+        return out[0].tolist(), model.last_stats.method, model.last_stats.steps, model.last_stats.accept_lengths
+
+    for method, alias, stream_alias in (("eagle", model.eagenerate, model.ea_generate),
+                                        ("naive", model.naivegenerate, model.naive_generate)):
+        whole = run(model.generate, method=method)
+        assert whole[1] == method and len(whole[0]) > 5 + 10
+        assert run(alias) == whole and run(stream_alias) == whole
+        assert run(model.generate, stream=True, method=method) == whole
+        chunks = model.generate(ids, max_new_tokens=25, stream=True, method=method)
+        assert not isinstance(chunks, torch.Tensor) and all(c.dim() == 1 for c in chunks)
+    assert run(model.generate) == run(model.eagenerate)  # method="eagle" is the default
+    if temperature == 0.0:
+        assert run(model.generate)[0] == run(model.generate, method="naive")[0]
+        out, new, steps = model.generate(ids, max_new_tokens=25, log=True)
+        assert new == model.last_stats.new_tokens and steps == model.last_stats.steps
+    with pytest.raises(ValueError, match="method="):
+        model.generate(ids, method="beam")
+    with pytest.raises(ValueError, match="last_stats"):
+        model.generate(ids, stream=True, log=True)
+
+
 @pytest.mark.parametrize("method", ["eagenerate", "naivegenerate"])
 def test_max_new_tokens_and_max_length_are_never_exceeded(method):
     target, head = near_bigram_pair(3)

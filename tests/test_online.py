@@ -1,4 +1,4 @@
-"""Online training (train.feature_source=online): the target runs inside the training step, no store.
+"""Online training (train.features=online): the target runs inside the training step, no store.
 
 The records, the batch plan and the features are the store's (data_prep/tokens.py, train/feature_source.py),
 so an online run and an offline run of the same settings train the same head; the target never
@@ -13,8 +13,10 @@ from hydra import compose, initialize_config_dir
 from safetensors.torch import load_file
 
 from data_prep import pipeline
+from data_prep.data_config import prep_config, resolve
 from data_prep.store import FeatureStore
 from data_prep.tokens import token_records
+from tests.test_pipeline import resolutions  # noqa: F401 (a fixture)
 from tests.tiny import CONF
 from train.config import validate
 from train.data import collate
@@ -51,7 +53,7 @@ def cli_overrides(tiny_dir, chats, tmp_path, *extra) -> list[str]:
     """`python -m train` arguments of an online run into tmp_path/run (tmp_path/store must stay unwritten)."""
     return ["+model=smollm2_135m", f"model.path={tiny_dir}", "model.dtype=float32", f"data.source={chats}",
             "data.shard_records=8", f"store_dir={tmp_path / 'store'}", f"output_dir={tmp_path / 'run'}",
-            "wandb.mode=disabled", "train.feature_source=online", "train.batch_tokens=256", "train.progress=false",
+            "wandb.mode=disabled", "train.features=online", "train.batch_tokens=256", "train.progress=false",
             "train.tau_every=0", "train.eval_fraction=0.2", *extra]
 
 
@@ -68,8 +70,9 @@ def test_online_records_and_features_are_the_stores(tiny_dir, chats, store, tmp_
     """Same records in the same order; the same features bit for bit when the forward sees the same
     shapes (one record alone), and within fp32 rounding in a padded batch (the forward is not
     batch-invariant: padding changes the last bits of attention and matmuls)."""
-    cfg = cfg_for(tiny_dir, chats, store, tmp_path, "train.feature_source=online")
-    records, stored = token_records(cfg), FeatureStore(store)
+    cfg = cfg_for(tiny_dir, chats, store, tmp_path, "train.features=online")
+    prep = prep_config(cfg)
+    records, stored = token_records(prep, resolve(prep.model)), FeatureStore(store)
     assert records.lengths() == stored.lengths() and records.source["kept"] == len(stored)
     for i in range(len(stored)):
         assert all(torch.equal(a, b) for a, b in zip(records.tokens(i), stored.tokens(i), strict=True)), i
@@ -87,7 +90,7 @@ def test_an_online_run_trains_the_offline_runs_head(tiny_dir, chats, store, tmp_
     the same losses at every step and the same head."""
     common = ("train.batch_tokens=2", "train.max_steps=12")
     offline = Trainer(cfg_for(tiny_dir, chats, store, tmp_path / "off", *common)).fit()
-    online = Trainer(cfg_for(tiny_dir, chats, store, tmp_path / "on", *common, "train.feature_source=online")).fit()
+    online = Trainer(cfg_for(tiny_dir, chats, store, tmp_path / "on", *common, "train.features=online")).fit()
     curve_off, curve_on = read_metrics(tmp_path / "off"), read_metrics(tmp_path / "on")
     assert sorted(curve_off) == list(range(1, 13))
     for step in curve_off:
@@ -101,7 +104,7 @@ def test_an_online_run_trains_the_offline_runs_head(tiny_dir, chats, store, tmp_
 def test_a_killed_online_run_resumes_with_the_same_batches(tiny_dir, chats, store, tmp_path):
     """No store to lean on: the batches come from (seed, step) alone. Stopped at step 5 and resumed, the
     run logs the uninterrupted run's losses at steps 6-10 and ends with its head."""
-    common = ("train.feature_source=online", "train.max_steps=10", "train.save_every=5")
+    common = ("train.features=online", "train.max_steps=10", "train.save_every=5")
     Trainer(cfg_for(tiny_dir, chats, store, tmp_path / "straight", *common)).fit()
     assert Trainer(cfg_for(tiny_dir, chats, store, tmp_path / "cut", *common, "train.stop_after=5")).fit().stopped
     resumed = Trainer(cfg_for(tiny_dir, chats, store, tmp_path / "cut", *common))
@@ -117,7 +120,7 @@ def test_a_killed_online_run_resumes_with_the_same_batches(tiny_dir, chats, stor
 def test_the_target_stays_out_of_the_engine(tiny_dir, chats, store, tmp_path):
     """The engine (optimizer, ZeRO partitions, checkpoints) holds the head alone; the target gets no
     gradient, and its embedding is the frozen matrix the loss reads (no second copy)."""
-    trainer = Trainer(cfg_for(tiny_dir, chats, store, tmp_path, "train.feature_source=online", "train.max_steps=2",
+    trainer = Trainer(cfg_for(tiny_dir, chats, store, tmp_path, "train.features=online", "train.max_steps=2",
                               "train.save_every=2"))
     target = trainer.features.target
     before = {k: v.clone() for k, v in target.state_dict().items()}
@@ -135,7 +138,7 @@ def test_the_target_stays_out_of_the_engine(tiny_dir, chats, store, tmp_path):
 
 def test_an_eagle3_head_trains_online(tiny_dir, chats, tmp_path):
     """head=eagle3 online: the fused layers and the target's distribution come from the live forward."""
-    cfg = cfg_for(tiny_dir, chats, tmp_path / "no-store", tmp_path, "train.feature_source=online", "head=eagle3",
+    cfg = cfg_for(tiny_dir, chats, tmp_path / "no-store", tmp_path, "train.features=online", "head=eagle3",
                   "model.feature_layers=[0,1,-1]", "train.max_steps=15", "train.draft_vocab=null", "train.ttt_steps=2")
     trainer = Trainer(cfg)
     batch = trainer.features.fill(collate([trainer.records[i] for i in range(3)]))
@@ -151,7 +154,7 @@ def test_online_features_stay_on_the_models_device(tiny_dir, chats, store, tmp_p
     padding mask must be built on the ids' device. tests/pseudo_cuda.py enforces CUDA's device rules."""
     from tests.pseudo_cuda import PseudoCuda
 
-    trainer = Trainer(cfg_for(tiny_dir, chats, store, tmp_path, "train.feature_source=online", "train.max_steps=1"))
+    trainer = Trainer(cfg_for(tiny_dir, chats, store, tmp_path, "train.features=online", "train.max_steps=1"))
     with PseudoCuda():
         cuda = torch.device("cuda")
         trainer.features.target.to(cuda)
@@ -160,14 +163,14 @@ def test_online_features_stay_on_the_models_device(tiny_dir, chats, store, tmp_p
 
 
 def test_the_throughput_tool_times_online_against_a_bare_target_and_head(tiny_dir, chats, store, tmp_path):
-    from evaluation.train_throughput import measure
+    from experiments.train_throughput import measure
 
-    result = measure(cfg_for(tiny_dir, chats, store, tmp_path, "train.feature_source=online"), steps=3, warmup=1)
+    result = measure(cfg_for(tiny_dir, chats, store, tmp_path, "train.features=online"), steps=3, warmup=1)
     assert result["features"] == "online" and result["trainer_tokens_per_s"] > 0 and result["bare_tokens_per_s"] > 0
 
 
 def test_cli_trains_online_without_a_store(tiny_dir, chats, tmp_path):
-    """`python -m train ... train.feature_source=online`: no data_prep, no store folder, a head at the end."""
+    """`python -m train ... train.features=online`: no data_prep, no store folder, a head at the end."""
     import subprocess
     import sys
 
@@ -213,7 +216,8 @@ def test_online_reads_regenerated_replies_from_the_reply_cache(tiny_dir, chats, 
     where = tmp_path / "store"
     pipeline.prepare(cfg_for(tiny_dir, chats, where, tmp_path / "unused", *regen))
     monkeypatch.setattr(regenerate, "ReplyGenerator", None)  # a second generation would fail here
-    records, stored = token_records(cfg_for(tiny_dir, chats, where, tmp_path, *regen)), FeatureStore(where)
+    prep = prep_config(cfg_for(tiny_dir, chats, where, tmp_path, *regen))
+    records, stored = token_records(prep, resolve(prep.model)), FeatureStore(where)
     assert records.source["regenerated"] and records.lengths() == stored.lengths()
     assert all(torch.equal(records.tokens(i)[0], stored.tokens(i)[0]) for i in range(len(stored)))
 
@@ -244,3 +248,14 @@ def test_an_online_run_sigkilled_mid_epoch_resumes_with_the_same_losses(tiny_dir
     assert all(a[s]["train/feature_loss"] == b[s]["train/feature_loss"] for s in range(1, 41))
     heads = [load_file(str(d / "run" / "head" / "model.safetensors")) for d in (straight, killed)]
     assert all(torch.equal(heads[0][k], heads[1][k]) for k in heads[0])
+
+
+@pytest.mark.parametrize("features", ["store", "online"])
+def test_a_training_job_resolves_its_target_once(tiny_dir, chats, tmp_path, resolutions, features):
+    """`python -m train` with its store missing (or online) and τ on: data_prep, the features, the head's
+    sizes and the τ judge share one resolution of model.path and one tokenizer."""
+    from train.run import run
+
+    run(cfg_for(tiny_dir, chats, tmp_path / "store", tmp_path / "run", f"train.features={features}",
+                "train.max_steps=2", "train.tau_every=2", "train.tau_num_prompts=1", "train.tau_max_new_tokens=4"))
+    assert dict(resolutions) == {"resolve_target": 1, "load_tokenizer": 1}

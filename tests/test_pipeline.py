@@ -9,6 +9,7 @@ from hydra import compose, initialize_config_dir
 from transformers import AutoModelForCausalLM
 
 from data_prep import pipeline, store
+from data_prep.data_config import prep_config
 from eagle.common.distributed import free_port
 from data_prep.store import FeatureStore, read_manifest
 from eagle.targets.tokenizer import load_tokenizer
@@ -155,13 +156,13 @@ def test_a_store_for_another_target_or_unfinished_is_not_reused(tiny_dir, chats,
 def test_a_glob_that_finds_one_more_file_is_another_store(tiny_dir, chats, tmp_path):
     (tmp_path / "a-1.jsonl").write_text(chats.read_text())
     cfg = config(tiny_dir, chats, tmp_path / "s", **{"data.source": f"[{tmp_path / 'a-*.jsonl'}]"})
-    key = pipeline.config_key(cfg)
-    assert key == pipeline.config_key(cfg)
+    key = pipeline.config_key(prep_config(cfg))
+    assert key == pipeline.config_key(prep_config(cfg))
     (tmp_path / "a-2.jsonl").write_text(chats.read_text())
-    assert pipeline.config_key(cfg) != key  # so prepare() refuses to finish the old store with new data
+    assert pipeline.config_key(prep_config(cfg)) != key  # so prepare() refuses to finish the old store with new data
     plain = config(tiny_dir, chats, tmp_path / "s")
-    assert pipeline.config_key(plain) == pipeline.config_key(config(tiny_dir, chats, tmp_path / "s",
-                                                                    **{"data.source": str(chats)}))
+    assert pipeline.config_key(prep_config(plain)) == pipeline.config_key(prep_config(config(
+        tiny_dir, chats, tmp_path / "s", **{"data.source": str(chats)})))
 
 
 def test_batched_replies_match_one_by_one_greedy_as_rows_end(tiny_dir):
@@ -213,7 +214,7 @@ def test_the_plan_predicts_the_store_and_refuses_a_disk_too_small(tiny_dir, chat
     from data_prep import plan
 
     cfg = config(tiny_dir, chats, tmp_path / "s")
-    predicted = plan.make_plan(cfg)
+    predicted = plan.store_plan(prep_config(cfg))
     assert predicted.conversations_source == "read from the source" and "tokenized" in predicted.tokens_source
     pipeline.prepare(cfg)
     real = sum(p.stat().st_size for p in (tmp_path / "s").glob("shard-*.safetensors"))
@@ -227,15 +228,64 @@ def test_the_plan_predicts_the_store_and_refuses_a_disk_too_small(tiny_dir, chat
 def test_the_plan_of_a_gpu_preset_works_offline(monkeypatch, tmp_path):
     from huggingface_hub import constants
 
-    from data_prep.plan import make_plan
+    from data_prep.plan import store_plan
+    from train.config import validate
+    from train.training_plan import training_plan
 
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
     with initialize_config_dir(config_dir=CONF, version_base=None):
         cfg = compose(config_name="config", overrides=["+model=llama3_8b_instruct", "head=eagle3",
                                                         f"store_dir={tmp_path}"])
-    p = make_plan(cfg)
+    p = store_plan(prep_config(cfg))
     assert p.target.source == "the preset" and p.conversations == 68000 and p.tokens == 68000 * 1300
     assert p.bytes_per_token == 5 + 2 * 4096 * 4  # EAGLE-3: the last layer and three fused ones, bf16
     text = "\n".join(p.lines())
     assert "DOES NOT FIT" in text or p.fits
-    assert any("train device" in line for line in p.lines())
+    assert not any("train device" in line for line in p.lines())  # data_prep plans its own side
+    trained = training_plan(validate(cfg)).lines()
+    assert trained[:len(p.lines())] == p.lines() and any("train device" in line for line in trained)
+
+
+RESOLVERS = ("resolve_target", "local_target", "load_tokenizer")  # model.path -> a folder; a folder -> a tokenizer
+
+
+@pytest.fixture
+def resolutions(monkeypatch):
+    """Counts, by function, the target resolutions and tokenizer loads of data_prep and train (each
+    module's imported name is wrapped: the modules call them as plain names)."""
+    import importlib
+    import pkgutil
+    import sys
+    from collections import Counter
+
+    import data_prep
+    import train
+
+    for package in (data_prep, train):
+        for info in pkgutil.iter_modules(package.__path__):
+            if info.name != "__main__":
+                importlib.import_module(f"{package.__name__}.{info.name}")
+    counts = Counter()
+    for name, module in list(sys.modules.items()):
+        if name.split(".")[0] not in ("data_prep", "train"):
+            continue
+        for fn in RESOLVERS:
+            real = getattr(module, fn, None)
+            if callable(real):
+                monkeypatch.setattr(module, fn, lambda *a, _real=real, _fn=fn, **k: counts.update([_fn]) or _real(*a, **k))
+    return counts
+
+
+def test_a_data_prep_job_resolves_its_target_once(tiny_dir, chats, tmp_path, resolutions):
+    """`python -m data_prep`: one resolution and one tokenizer for the plan, the reading and the features;
+    the plan alone looks the target up once, without converting or downloading it."""
+    from data_prep.plan import store_plan
+
+    cfg = config(tiny_dir, chats, tmp_path / "s")
+    pipeline.prepare(cfg)
+    assert dict(resolutions) == {"resolve_target": 1, "load_tokenizer": 1}
+    resolutions.clear()
+    pipeline.prepare(cfg)  # complete: nothing to resolve
+    assert not resolutions
+    store_plan(prep_config(config(tiny_dir, chats, tmp_path / "t")))
+    assert dict(resolutions) == {"local_target": 1, "load_tokenizer": 1}

@@ -224,7 +224,7 @@ def test_the_loader_pins_memory_and_uses_workers_on_a_gpu_only():
 
 
 def test_the_loader_throughput_tool_runs(capsys):
-    from evaluation.loader_throughput import main
+    from experiments.loader_throughput import main
 
     result = main(["--hidden", "64", "--records", "4", "--workers", "0", "--step-batches", "1"])
     assert result["loader"][0]["tokens_per_s"] > 0 and result["bare_step"]["tokens_per_s"] > 0

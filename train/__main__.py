@@ -21,11 +21,11 @@ def main(cfg: DictConfig) -> None:
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)  # its per-step INFO lines drown ours
     try:
-        if cfg.get("plan"):  # the store's plan (data_prep/plan.py), which covers training memory too; nothing runs
-            from data_prep.plan import make_plan
+        if cfg.get("plan"):  # the store's plan and training's (train/training_plan.py); nothing runs
             from train.config import validate
+            from train.training_plan import training_plan
 
-            print("\n".join(make_plan(validate(cfg)).lines()))
+            print("\n".join(training_plan(validate(cfg)).lines()))
             return
         run(cfg)
     except (PublishError, DataError, OSError, ValueError, Busy) as e:  # OSError: full disk, unwritable folder

@@ -98,7 +98,7 @@ def validate(cfg: DictConfig) -> DictConfig:
     OmegaConf.set_struct(cfg, True)
     t = cfg.train
     if t.features not in FEATURES:
-        raise ValueError(f"train.feature_source={t.features!r}: expected one of {FEATURES}")
+        raise ValueError(f"train.features={t.features!r}: expected one of {FEATURES}")
     if t.schedule not in SCHEDULES:
         raise ValueError(f"train.schedule={t.schedule!r}: expected one of {SCHEDULES}")
     if not 0.0 <= t.eval_fraction < 1.0:

@@ -1,7 +1,7 @@
 """Where the head's input features come from: a data_prep store, or the frozen target inside the
-training step (`train.feature_source=store | online`).
+training step (`train.features=store | online`).
 
-    source = open_features(cfg, target_dir, device)
+    source = open_features(cfg, prep, target, device)
     source.records                           # FeatureStore | TokenRecords: lengths(), tokens(i), [i]
     batch = source.fill(batch.to(device))    # online: the target's features of this micro-batch
 
@@ -16,11 +16,11 @@ a ZeRO partition or a checkpoint. EAGLE-3's token loss reads the target's distri
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from data_prep.data_config import PrepConfig, TargetFiles
 from data_prep.target_forward import target_features
 from data_prep.store import FeatureStore
 from data_prep.tokens import TokenRecords, token_records
@@ -82,11 +82,12 @@ class OnlineFeatures:
         return "online: features from the target during training"
 
 
-def open_features(cfg, target_dir: Path, device: torch.device) -> StoreFeatures | OnlineFeatures:
-    """The source `cfg.train.features` names; online tokenizes the data and loads the target here."""
+def open_features(cfg, prep: PrepConfig, target: TargetFiles, device: torch.device) -> StoreFeatures | OnlineFeatures:
+    """The source `cfg.train.features` names; online tokenizes the data of `prep` with the job's
+    resolved `target` and loads the target here."""
     kind = str(cfg.train.features)
     if kind == "online":
-        records = token_records(cfg)
-        target = load_target(target_dir, cfg.model.dtype, device)
-        return OnlineFeatures(records, target, [int(i) for i in cfg.model.feature_layers])
+        records = token_records(prep, target)
+        model = load_target(target.folder, prep.model.dtype, device)
+        return OnlineFeatures(records, model, [int(i) for i in prep.model.feature_layers])
     return StoreFeatures(FeatureStore(cfg.store_dir), str(cfg.store_dir))

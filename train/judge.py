@@ -102,11 +102,13 @@ class Judge:
     @classmethod
     def from_target_dir(cls, target_dir: str | Path, texts: list[str], max_new_tokens: int = 64,
                         dtype: torch.dtype = torch.bfloat16, chat_template: str | None = None,
-                        device: torch.device | str = "cpu", target: nn.Module | None = None) -> Judge:
+                        device: torch.device | str = "cpu", target: nn.Module | None = None,
+                        tokenizer: Callable[[], object] | None = None) -> Judge:
         """Tokenize `texts` with the target's chat template now; load the target on first use (or use
-        `target`, already loaded in `dtype`: online training's)."""
+        `target`, already loaded in `dtype`: online training's). `tokenizer` returns the job's tokenizer
+        when the caller holds one (a training run loads it once); else it is loaded from `target_dir`."""
         try:
-            tokenizer = load_tokenizer(target_dir, chat_template)
+            tokenizer = tokenizer() if tokenizer is not None else load_tokenizer(target_dir, chat_template)
         except (OSError, ValueError) as e:
             raise ValueError(f"{target_dir}: no usable tokenizer with a chat template, which τ on chat prompts "
                              f"needs (set train.tau_every=0 to turn it off): {str(e).splitlines()[0]}") from e

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from eagle.common import distributed
 from eagle.common.locks import exclusive
+from data_prep.data_config import TargetFiles, prep_config, resolve
 from data_prep.store import is_complete
 from train.config import validate
 from train.engine import init_distributed
@@ -18,8 +19,9 @@ from train.engine import init_distributed
 log = logging.getLogger("train")
 
 
-def ensure_store(cfg: DictConfig) -> Path:
-    """Run data_prep into cfg.store_dir when it is missing or incomplete.
+def ensure_store(cfg: DictConfig, target: TargetFiles | None = None) -> Path:
+    """Run data_prep into cfg.store_dir when it is missing or incomplete; `target`: the job's
+    resolved target (data_prep resolves it when None).
 
     Every rank calls it: data_prep splits the shards over the ranks of a torchrun job itself.
     The ranks first agree that they see one store_dir, so they agree on whether it is complete.
@@ -32,7 +34,7 @@ def ensure_store(cfg: DictConfig) -> Path:
     from data_prep.pipeline import prepare  # lazy: data_prep is only needed to build stores
 
     log.info("feature store %s is missing or incomplete: running data_prep", store_dir)
-    prepare(cfg)
+    prepare(cfg, target)
     if not is_complete(store_dir):
         raise RuntimeError(f"data_prep finished but {store_dir} is still incomplete")
     return store_dir
@@ -43,10 +45,11 @@ def run(cfg: DictConfig):
     from train.trainer import Trainer
 
     cfg = validate(cfg)
+    target = resolve(prep_config(cfg).model)  # once for the job: data_prep, the features, the head, τ
     if cfg.train.features == "store":  # online reads the conversations itself (train/feature_source.py)
-        ensure_store(cfg)
+        ensure_store(cfg, target)
     with exclusive(cfg.output_dir, "training run", take=int(os.environ.get("RANK", "0")) == 0):
-        trainer = Trainer(cfg)
+        trainer = Trainer(cfg, target)
         result = trainer.fit()
     if trainer.rank == 0:
         _report(result)

@@ -1,6 +1,6 @@
 """The training loop: features -> batches -> DeepSpeed engine -> checkpoints -> exported head.
 
-    trainer = Trainer(cfg)   # process group, features (a store, or the live target), frozen matrices, engine, resume
+    trainer = Trainer(cfg, target)   # process group, features (a store, or the live target), frozen matrices, engine, resume
     result = trainer.fit()   # train, evaluate, checkpoint, export output_dir/head
 
 What the loop trains and from where is decided outside it: where the features come from
@@ -32,9 +32,10 @@ from tqdm import tqdm
 
 import train.metrics as stats
 from eagle.common import distributed
+from data_prep.data_config import TargetFiles, prep_config, resolve
 from data_prep.prompt_sets import held_back_prompts
 from eagle.heads.checkpoint import load_head
-from eagle.targets.resolve import local_device, resolve_target
+from eagle.targets.resolve import local_device
 from eagle.heads.draft_vocab import draft_vocab_size
 from train.checkpoints import check_resumable, prune_checkpoints, resume_from, step_tag
 from train.data import Batch, BatchPlan, length_batches, loader, loader_settings, split_indices
@@ -68,15 +69,18 @@ class FitResult:
 class Trainer:
     """One training run of a draft head, on every rank of the process group."""
 
-    def __init__(self, cfg: DictConfig):
+    def __init__(self, cfg: DictConfig, target: TargetFiles | None = None):
+        """`target`: the job's resolved target (train/run.py); resolved here when None."""
         self.cfg, t = cfg, cfg.train
+        prep = prep_config(cfg)
         self.rank, self.world = init_distributed()
         self.output_dir = Path(cfg.output_dir)
         distributed.check_shared(self.output_dir, "output_dir")  # every rank decides alike whether to resume
         self.ckpt_dir = self.output_dir / CHECKPOINTS
-        self.target_dir = resolve_target(cfg.model.path)
+        self.target = target or resolve(prep.model)
+        self.target_dir = self.target.folder
         self.device = local_device()  # DeepSpeed places the head on the same accelerator (online: the target too)
-        self.features = open_features(cfg, self.target_dir, self.device)
+        self.features = open_features(cfg, prep, self.target, self.device)
         self.records = self.features.records  # FeatureStore | TokenRecords: the same records either way
         start = load_head(t.init_head, dtype=torch.float32) if t.init_head else None  # fine-tuning's starting head
         self.draft_config = draft_config(self.target_dir, cfg, start)
@@ -261,7 +265,8 @@ class Trainer:
         texts = held_back_prompts(t.tau_prompts, t.tau_num_prompts)
         dtype = getattr(torch, m.get("dtype") or "bfloat16")
         return Judge.from_target_dir(self.target_dir, texts, t.tau_max_new_tokens, dtype, m.get("chat_template"),
-                                     self.device, target=self.features.target)  # online: the target already loaded
+                                     self.device, target=self.features.target,  # online: the target already loaded
+                                     tokenizer=lambda: self.target.tokenizer)  # the job's, loaded once
 
     # ---------------------------------------------------------------- checkpoints
 

@@ -6,6 +6,9 @@ compiled forwards of the head and of the draft vocabulary's scorer.
     hidden, past = runner.encode(embeds, features, positions, allowed, past)   # compiled, rows padded
     logp = runner.logp(hidden)                                # compiled, one graph per row count
 
+These are the `HeadRunner` methods (eagle/decoding/runners.py) the eager head has too
+(eagle/decoding/eager_head.py); a state's `head_past` is then `HeadRows`, not the head's tensors.
+
 Why (docs/speed.md): eager, the head's forward is ~40 small ops and the scorer three more. Inside a
 decode step (SmolLM2-135M, bf16, 2 threads) the head's update took 2.07 ms and the scorer 1.14;
 compiled with the target's settings (freezing; GEMMs of up to 4 rows autotuned) 0.97 + ~0.3 of
@@ -47,7 +50,8 @@ class HeadRows:
 
 
 class CompiledHead:
-    """A head's compiled forward and scorer, and its preallocated KV buffer. One generation at a time."""
+    """A head's compiled forward and scorer, and its preallocated KV buffer (a `HeadRunner`). One
+    generation at a time."""
 
     def __init__(self, head: nn.Module, scorer: nn.Module):
         self.head, self.scorer = head, scorer

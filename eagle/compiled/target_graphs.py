@@ -1,11 +1,17 @@
 """The target's forwards compiled with fixed shapes over a preallocated KV cache (`EaModel(compile=True)`).
 
     runner = CompiledTarget.of(target)               # one per target module, shared by its decoders
-    out = runner.prefill(input_ids, room=32, hidden=True)   # eager, into the bucket of prompt + room
-    out = runner.forward(tokens, positions, visible, past, rows=32, hidden=True)   # compiled
-    runner.commit(past, accepted)                    # keep the accepted rows, in place
+    out, cache = runner.prefill(input_ids, room=32)  # eager, into the bucket of prompt + room (cache: runner)
+    out = runner.tree_forward(cache, tokens, positions, tree, past, width=32)   # compiled, padded to 32
+    runner.keep_rows(cache, past, accepted)          # keep the accepted rows, in place
+    logits, cache = runner.plain_prefill(input_ids)  # plain decoding: eager prompt, then
+    logits = runner.plain_step(cache, token, past)   # compiled one-token forwards
 
-Why this shape (docs/speed.md, `python -m evaluation.compiled_forward`): on a CPU, a forward
+These are the `TargetRunner` methods (eagle/decoding/runners.py) the eager runner has too
+(eagle/decoding/eager_target.py); they all go through `forward(tokens, positions, visible, past,
+rows, hidden)`, the one compiled call.
+
+Why this shape (docs/speed.md): on a CPU, a forward
 compiled with `fullgraph=True`, `dynamic=False` and inductor's `freezing` runs 1.4× (one token)
 to 1.7× (a 24-node tree) faster than the eager one, but only while the cache it attends over
 spans about the context: over a 1,024-row cache for a 224-token context the gain was gone.
@@ -41,10 +47,12 @@ import torch
 import torch._dynamo
 import torch._inductor.config as inductor
 from torch import nn
+from torch.profiler import record_function
 from transformers import StaticCache
 
 from eagle.compiled.grouped_attention import GROUPED, grouped_sdpa_applies, install_grouped_sdpa
 from eagle.decoding.kv_commit import move_rows
+from eagle.decoding.tree import Tree
 
 log = logging.getLogger("eagle")
 BUCKET = 256  # rows of the smallest cache
@@ -74,7 +82,8 @@ def compilable(target: nn.Module) -> bool:
 
 
 class CompiledTarget:
-    """A target's compiled forwards and its bucketed static KV cache."""
+    """A target's compiled forwards and its bucketed static KV cache; the cache a decode state holds
+    (`DecodeState.target_cache`) is the runner itself."""
 
     def __init__(self, target: nn.Module):
         self.target = target
@@ -98,7 +107,39 @@ class CompiledTarget:
     def size(self) -> int:
         return self.cache.layers[0].max_cache_len
 
-    def prefill(self, input_ids: torch.Tensor, room: int, hidden: bool):
+    def prefill(self, input_ids: torch.Tensor, room: int) -> tuple[object, CompiledTarget]:
+        """The prompt [1, S] with hidden states, eager, into the bucket that holds it and `room` more rows;
+        HF's output and the cache (this runner)."""
+        return self._prompt(input_ids, room, hidden=True), self
+
+    def tree_forward(self, cache: CompiledTarget, tokens: torch.Tensor, positions: torch.Tensor, tree: Tree,
+                     past: int, width: int) -> object:
+        """The tree's tokens [N] at positions [N] after `past` rows, compiled, padded to `width` rows;
+        HF's output over the `width` rows, with hidden states. cache: this runner."""
+        with record_function("eagle.decoding.verify.forward"):
+            return self.forward(tokens, positions, tree.ancestors, past, width, hidden=True)
+
+    def keep_rows(self, cache: CompiledTarget, past: int, accepted: torch.Tensor) -> None:
+        """Move rows past + accepted [n] to past.. in every layer; the next forward writes after them.
+        Rows already in place (accepted = 0, 1, .., n-1: a chain's prefix, or the root alone) stay.
+        cache: this runner."""
+        n = accepted.numel()
+        if not torch.equal(accepted.cpu(), torch.arange(n)):
+            for layer in self.cache.layers:
+                move_rows(layer.keys, past, accepted)
+                move_rows(layer.values, past, accepted)
+        self._seek(past + n)
+
+    def plain_prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, CompiledTarget]:
+        """Plain decoding's prompt [1, S], eager, into the bucket of S + 1 rows: last logits [V], this runner."""
+        return self._prompt(input_ids, 1, hidden=False).logits[0, -1], self
+
+    def plain_step(self, cache: CompiledTarget, token: torch.Tensor, past: int) -> torch.Tensor:
+        """One token [1] at position `past`, compiled (one row, no hidden states); its logits [V]."""
+        positions = torch.full((1,), past, dtype=torch.long, device=token.device)  # [1]
+        return self.forward(token, positions, torch.ones(1, 1, dtype=torch.bool), past, 1, hidden=False).logits[0, -1]
+
+    def _prompt(self, input_ids: torch.Tensor, room: int, hidden: bool):
         """Eager forward of the prompt [1, S] into the bucket that holds it and `room` more rows; HF's output."""
         self.cache = self._bucket(bucket(input_ids.shape[1] + room))
         self.cache.reset()
@@ -134,16 +175,6 @@ class CompiledTarget:
             self.shapes.add(shape)
             self.compile_seconds += time.perf_counter() - start
         return out
-
-    def commit(self, past: int, accepted: torch.Tensor) -> None:
-        """Move rows past + accepted [n] to past.. in every layer; the next forward writes after them.
-        Rows already in place (accepted = 0, 1, .., n-1: a chain's prefix, or the root alone) stay."""
-        n = accepted.numel()
-        if not torch.equal(accepted.cpu(), torch.arange(n)):
-            for layer in self.cache.layers:
-                move_rows(layer.keys, past, accepted)
-                move_rows(layer.values, past, accepted)
-        self._seek(past + n)
 
     def _mask(self, visible: torch.Tensor, past: int, rows: int) -> torch.Tensor:
         """[1, 1, rows, L] additive: committed rows and `visible` [k, k] open (padded_mask)."""

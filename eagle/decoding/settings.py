@@ -3,7 +3,7 @@
 `TreeSettings` is to `EaModel` what `GenerationConfig` is to HF `generate`: the tree's kind,
 size and shape, the draft vocabulary and the prompt-lookup branch. `EaModel.from_pretrained`
 takes its fields as keyword arguments; `python -m eagle.chat` and the evaluation tools
-(bench, profile, autotune) bind them to the same flags with `add_arguments` / `from_arguments`.
+(bench, profile, tuner_spread) bind them to the same flags with `add_arguments` / `from_arguments`.
 
 The default is the fastest lossless choice measured here: `total_token="auto"`, resolved
 when a model is built (`EaModel.from_pretrained` / `EaModel.from_modules` time this device

@@ -16,9 +16,11 @@ import torch
 from torch import nn
 from torch.profiler import record_function
 
-from eagle.compiled.head_graphs import CompiledHead, HeadRows
+from eagle.compiled.head_graphs import CompiledHead
+from eagle.decoding.eager_head import EagerHead
+from eagle.decoding.runners import HeadRunner
 from eagle.decoding.state import DecodeState, HeadPast
-from eagle.decoding.tree import StaticTree, additive_mask, causal_mask, expand_topk, reindex_parents, select_nodes
+from eagle.decoding.tree import StaticTree, expand_topk, reindex_parents, select_nodes
 from eagle.heads.draft_vocab import DraftVocabulary
 
 
@@ -30,8 +32,10 @@ class Drafter:
 
     def __init__(self, head: nn.Module, embed: nn.Module, vocab: DraftVocabulary, compiled: bool = False):
         self.head, self.embed, self.vocab = head, embed, vocab
+        self.eager = EagerHead(head, vocab)  # the prompt's rows always run eagerly
         # compiled: head and scorer at fixed shapes over a preallocated head cache (eagle/compiled/head_graphs.py)
         self.compiled = CompiledHead(head, vocab.scorer) if compiled else None
+        self.runner: HeadRunner = self.eager if self.compiled is None else self.compiled  # drafts and commits
 
     @property
     def dtype(self) -> torch.dtype:
@@ -43,30 +47,24 @@ class Drafter:
 
     def prefill(self, features: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, HeadPast]:
         """The head over a prompt's rows (features [S, F], next tokens [S]), causal, eager; returns
-        outputs [S, H] and the head cache (compiled: copied into the fixed-shape buffer)."""
+        outputs [S, H] and the state's head cache (`runner.start`: compiled, copied into its buffer)."""
         hidden, past = self.encode(features, tokens, torch.arange(tokens.numel(), device=tokens.device), None, None)
-        return hidden, past if self.compiled is None else self.compiled.start(past)
+        return hidden, self.runner.start(past)
 
     def encode(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
                allowed: torch.Tensor | None, past: HeadPast | None) -> tuple[torch.Tensor, HeadPast]:
-        """Head rows (features [q, F], next tokens [q]) at positions [q] over `past`'s P rows;
-        allowed [q, P+q] bool (CPU): the rows each new row attends to (None: causal). Returns
-        outputs [q, H] and the cache with the q rows (the rows of `past` itself are not modified)."""
+        """Head rows (features [q, F], next tokens [q]) at positions [q] over `past`'s P rows (None: a
+        prompt, which runs eagerly); allowed [q, P+q] bool (CPU): the rows each new row attends to
+        (None: causal). Returns outputs [q, H] and the cache with the q rows (the rows of `past`
+        itself are not modified)."""
         embeds = torch.nn.functional.embedding(tokens, self.embed.weight)  # the matrix row, as the trainer reads it
-        if isinstance(past, HeadRows):
-            return self.compiled.encode(embeds, features, positions, allowed, past)
-        mask = None
-        if past is not None or allowed is not None:
-            mask = causal_mask(tokens.numel(), past[0].shape[2], self.dtype) if allowed is None else \
-                additive_mask(allowed, self.dtype)
-            mask = mask.to(embeds.device)
-        hidden, past = self.head(features[None], embeds[None], positions[None], mask, past)
-        return hidden[0], past
+        runner = self.eager if past is None else self.runner
+        return runner.encode(embeds, features, positions, allowed, past)
 
     def logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft log-probs [m, Vd] (fp32, CPU) of head outputs [m, H]."""
         with record_function("eagle.heads.eagle2.lm_head"):
-            return self.vocab.logp(hidden) if self.compiled is None else self.compiled.logp(hidden)
+            return self.runner.logp(hidden)
 
     # ---- EAGLE-2 ---------------------------------------------------------------------------
 

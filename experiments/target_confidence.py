@@ -1,6 +1,6 @@
 """How sure is the target of its own greedy tokens, per prompt set? (docs/findings.md)
 
-    .venv/bin/python scripts/target_confidence.py [--per-category 2] [--sharegpt 16] [--max-new-tokens 128]
+    python -m experiments.target_confidence [--per-category 2] [--sharegpt 16] [--max-new-tokens 128]
 
 For MT-bench first turns and held-out ShareGPT first turns: decode greedily, then read the
 target's top-1 probability at each new token. A flat target distribution would cap any
@@ -9,10 +9,13 @@ It also counts the new tokens that copy the prompt: the token follows the same t
 somewhere in the prompt (what a head, or prompt lookup, predicts easily).
 """
 
+from __future__ import annotations
+
 import statistics
 
 import torch
-from prompt_sets import first_turn_ids, parser, setup
+
+from experiments.diagnostic_prompts import first_turn_ids, parser, setup
 
 
 @torch.inference_mode()
@@ -28,7 +31,7 @@ def reply_stats(model, tok, question, max_new_tokens: int) -> tuple[list[float],
 
 
 def main() -> None:
-    args = parser(__doc__).parse_args()
+    args = parser(__doc__, "python -m experiments.target_confidence").parse_args()
     tok, model, sets = setup(args)
     for name, questions in sets.items():
         stats = [reply_stats(model, tok, q, args.max_new_tokens) for q in questions]

@@ -1,6 +1,6 @@
 """Online and offline training runs side by side: loss curves, tokens/s, wall-clock and τ.
 
-    python -m evaluation.online_offline --runs offline=DIR online=DIR --report results/online-vs-offline \
+    python -m experiments.online_offline --runs offline=DIR online=DIR --report results/online-vs-offline \
         [--seconds SECONDS_FILE]
 
 Reads each run's `metrics.jsonl` (train/tracking.py) and, when the report folder has them,
@@ -74,7 +74,7 @@ def markdown(rows: list[dict]) -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    ap = argparse.ArgumentParser(prog="python -m evaluation.online_offline", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.online_offline", description=__doc__.splitlines()[0])
     ap.add_argument("--runs", nargs="+", required=True, metavar="NAME=DIR", help="training output_dirs")
     ap.add_argument("--report", required=True, help="folder for loss.png, summary.json, summary.md (and tau-NAME.json)")
     ap.add_argument("--seconds", help="lines 'stage seconds' (scripts/online_vs_offline.sh writes them)")

@@ -1,5 +1,6 @@
-"""What the diagnostics in this folder share: MT-bench's and held-out ShareGPT's first turns,
-the target, and their options (docs/recipes.md, "Where MT-bench loses τ")."""
+"""What the prompt-set diagnostics (experiments.acceptance_by_copy, experiments.target_confidence)
+share: MT-bench's and held-out ShareGPT's first turns, the target, and their options
+(docs/findings.md, "Where MT-bench loses τ")."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ from eagle.targets.resolve import load_target, resolve_target
 from eagle.targets.tokenizer import chat_prompt, load_tokenizer
 
 
-def parser(doc: str) -> argparse.ArgumentParser:
+def parser(doc: str, prog: str) -> argparse.ArgumentParser:
     """The options every diagnostic takes; the first line of `doc` is the description."""
-    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
     ap.add_argument("--base", default="smollm2-135m-instruct")
     ap.add_argument("--per-category", type=int, default=2, help="MT-bench questions per category")
     ap.add_argument("--sharegpt", type=int, default=16, help="held-out ShareGPT conversations")

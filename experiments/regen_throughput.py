@@ -1,6 +1,6 @@
 """Regeneration speed: our batched reply loop against HF `generate` on the same prompts.
 
-    python -m evaluation.regen_throughput +model=smollm2_135m +prompts=32 +repeats=2
+    python -m experiments.regen_throughput +model=smollm2_135m +prompts=32 +repeats=2
 
 Takes the first user turn of the first `prompts` conversations of the data source, decodes
 them as one left-padded greedy batch of `data.regen.max_new_tokens` with each method,

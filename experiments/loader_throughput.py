@@ -1,6 +1,6 @@
 """Does the input pipeline keep up with a 7B target's head? Loader tokens/s against a bare step.
 
-    python -m evaluation.loader_throughput [--hidden 4096] [--records 48] [--workers 0,2,4]
+    python -m experiments.loader_throughput [--hidden 4096] [--records 48] [--workers 0,2,4]
 
 Writes a synthetic feature store of `--hidden`-wide bf16 features (records of 512-2048 tokens,
 as a 7B target's store holds) to a temporary folder, then measures in one process:
@@ -78,7 +78,7 @@ def step_rate(store: FeatureStore, batches: list[list[int]], hidden: int) -> dic
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(prog="python -m evaluation.loader_throughput", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m experiments.loader_throughput", description=__doc__.splitlines()[0])
     ap.add_argument("--hidden", type=int, default=4096)
     ap.add_argument("--records", type=int, default=48)
     ap.add_argument("--batch-tokens", type=int, default=8192, help="EAGLE: 4 sequences x 2048")

@@ -1,6 +1,6 @@
-"""Where does a head lose τ on MT-bench: on text it could copy, or on free text? (docs/recipes.md)
+"""Where does a head lose τ on MT-bench: on text it could copy, or on free text? (docs/findings.md)
 
-    .venv/bin/python scripts/acceptance_by_copy.py [HEAD ...] [--per-category 2] [--sharegpt 16] [--draft-vocab N]
+    python -m experiments.acceptance_by_copy [HEAD ...] [--per-category 2] [--sharegpt 16] [--draft-vocab N]
 
 Decodes the first turns of MT-bench and of held-out ShareGPT greedily with each head and the
 60-node EAGLE-2 tree, then labels every new token twice:
@@ -20,11 +20,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from prompt_sets import first_turn_ids, parser, setup
 
+from eagle.decoding.settings import TreeSettings
 from eagle.heads.checkpoint import load_head
 from eagle.model import EaModel
-from eagle.decoding.settings import TreeSettings
+from experiments.diagnostic_prompts import first_turn_ids, parser, setup
 
 
 @dataclass
@@ -77,7 +77,7 @@ def copy_flags(seq: list[int], prompt_len: int) -> list[bool]:
 
 
 def main() -> None:
-    ap = parser(__doc__)
+    ap = parser(__doc__, "python -m experiments.acceptance_by_copy")
     ap.add_argument("heads", nargs="*", default=["checkpoints/eagle-smollm2-135m-instruct"])
     ap.add_argument("--draft-vocab", type=int, default=None, help="as evaluation.bench's (the target's vocabulary size: all)")
     args = ap.parse_args()
@@ -99,6 +99,7 @@ def main() -> None:
                 split.add(drafted_flags(stats.accept_lengths, stats.new_tokens),
                           copy_flags(out[0].tolist(), ids.shape[1]), stats.steps, outside)
             print(f"| {path} | {name} ({len(questions)}) | {split.row()} |", flush=True)
+
 
 if __name__ == "__main__":
     main()

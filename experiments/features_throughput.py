@@ -1,6 +1,6 @@
 """Data-prep throughput against a bare target forward over the same batches, in one process.
 
-    python -m evaluation.features_throughput +model=smollm2_135m data.limit=200
+    python -m experiments.features_throughput +model=smollm2_135m data.limit=200
 
 Builds a store in a temporary directory (timing the whole shard loop: tokenization,
 forward, copies, writing, hashing), then times the target's decoder alone over exactly the

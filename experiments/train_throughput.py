@@ -1,13 +1,13 @@
 """Trainer efficiency: tokens/s of the full training loop over a bare forward+backward.
 
-    python -m evaluation.train_throughput +model=smollm2_135m [throughput.steps=20 throughput.warmup=3 ...]
+    python -m experiments.train_throughput +model=smollm2_135m [throughput.steps=20 throughput.warmup=3 ...]
 
 Runs the real Trainer (DeepSpeed engine, data loading, noise, loss, optimizer, metrics) for
 warmup + steps optimizer steps into a temporary output_dir, then times a plain torch
 forward + loss + backward of a fresh head (same dtype) on the very same micro-batches,
 already collated in memory. Prints both rates and their ratio (goal: >= 0.85).
 
-With train.feature_source=online the bare loop runs the target's forward too (the trainer's own
+With train.features=online the bare loop runs the target's forward too (the trainer's own
 `features.fill`, one inference-mode forward per micro-batch) before the head's forward and
 backward: the ratio is then to "bare target forward + head forward/backward" (goal: >= 0.9).
 """

@@ -1,0 +1,78 @@
+"""The target's eager forwards (`EaModel(compile=False)`, and targets with sliding windows): HF's
+forward over a `DynamicCache` per generation, the tree as an attention mask (eagle/decoding/runners.py
+`TargetRunner`).
+
+- **Tree mask.** Full-attention layers take the additive [1, 1, N, P+N] mask of the committed rows
+  and each node's ancestors; sliding-window layers their window of it (`tree_masks`).
+- **Commit.** Accepted rows are gathered in place (eagle/decoding/kv_commit.py); sliding-window
+  layers record a tree's rows until then (`prepare_cache`) and are trimmed back to their window.
+- **Plain decoding** runs HF's own one-token forwards: no mask, no position ids, and sliding-window
+  layers keep their window as they go.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.profiler import record_function
+from transformers import DynamicCache
+
+from eagle.decoding.kv_commit import commit_cache, prepare_cache
+from eagle.decoding.tree import Tree, sliding_tree_mask, tree_attention_mask
+
+
+class EagerTarget:
+    """HF's forwards of a target over the DynamicCache each prefill starts. Holds no decode state."""
+
+    def __init__(self, target: nn.Module):
+        self.target = target
+
+    def prefill(self, input_ids: torch.Tensor, room: int) -> tuple[object, DynamicCache]:
+        """The prompt [1, S] with hidden states into a new cache (`room` is a compiled runner's concern)."""
+        cache = DynamicCache(config=self.target.config)
+        prepare_cache(cache)  # sliding-window layers keep a tree's rows until commit
+        out = self.target(input_ids=input_ids, past_key_values=cache, use_cache=True, output_hidden_states=True)
+        commit_cache(cache, input_ids.shape[1], torch.zeros(0, dtype=torch.long))  # sliding layers: their window
+        return out, cache
+
+    def tree_forward(self, cache: DynamicCache, tokens: torch.Tensor, positions: torch.Tensor, tree: Tree, past: int,
+                     width: int) -> object:
+        """The tree's tokens [N] at positions [N] over the cache's `past` rows; appends N rows (no padding:
+        `width` is a compiled runner's concern). HF output with hidden states."""
+        with record_function("eagle.decoding.verify.mask"):
+            mask = self.tree_masks(tree, cache, past, tokens.device)
+        with record_function("eagle.decoding.verify.forward"):
+            return self.target(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
+                               past_key_values=cache, use_cache=True, output_hidden_states=True)
+
+    def keep_rows(self, cache: DynamicCache, past: int, path: torch.Tensor) -> None:
+        """Keep tree nodes `path` [n] after the `past` committed rows (in place)."""
+        commit_cache(cache, past, path)
+
+    def plain_prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
+        """Plain decoding's prompt [1, S]: its last logits [V] and a new cache."""
+        cache = DynamicCache(config=self.target.config)
+        return self.target(input_ids=input_ids, past_key_values=cache, use_cache=True).logits[0, -1], cache
+
+    def plain_step(self, cache: DynamicCache, token: torch.Tensor, past: int) -> torch.Tensor:
+        """One token [1] after the cache's rows (`past` of them); its logits [V]."""
+        return self.target(input_ids=token[None], past_key_values=cache, use_cache=True).logits[0, -1]
+
+    def tree_masks(self, tree: Tree, cache: DynamicCache, past: int,
+                   device: torch.device) -> torch.Tensor | dict[str, torch.Tensor]:
+        """The tree's additive attention mask [1, 1, N, K] for every layer type of the target.
+
+        Full attention sees the committed prefix and each node's ancestors. A sliding-window
+        layer sees only its window of positions (eagle.decoding.tree.sliding_tree_mask). Models that
+        mix both (Gemma-2/3, Qwen-2) take a dict keyed by layer type; models whose every layer
+        slides (Mistral, Phi-3) take the sliding mask alone."""
+        dtype = self.target.get_input_embeddings().weight.dtype
+        full = tree_attention_mask(tree.ancestors, past, dtype).to(device)
+        sliding = next((layer for layer in cache.layers if getattr(layer, "is_sliding", False)), None)
+        if sliding is None:
+            return full
+        window = sliding_tree_mask(tree.ancestors, tree.depths, past, sliding.keys.shape[-2], sliding.sliding_window,
+                                   dtype).to(device)
+        if getattr(self.target.config.get_text_config(), "layer_types", None) is None:
+            return window
+        return {"full_attention": full, "sliding_attention": window}

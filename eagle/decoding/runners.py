@@ -1,0 +1,72 @@
+"""The two interfaces `EaModel` decodes through: one for the target's forwards, one for the head's.
+
+Each has an eager implementation (eagle/decoding/eager_target.py, eagle/decoding/eager_head.py)
+and a compiled one at fixed shapes (eagle/compiled/target_graphs.py `CompiledTarget`,
+eagle/compiled/head_graphs.py `CompiledHead`). The decoder picks one of each when it is built;
+after that no step asks which kind it holds.
+
+    out, cache = runner.prefill(input_ids, room)                     # the prompt [1, S], hidden states
+    out = runner.tree_forward(cache, tokens, positions, tree, past, width)   # a tree of N nodes
+    runner.keep_rows(cache, past, path)                              # keep nodes `path` [n] (empty: none)
+    logits, cache = runner.plain_prefill(input_ids)                  # plain decoding: logits [V]
+    logits = runner.plain_step(cache, token, past)                   # one token [1] -> logits [V]
+
+`cache` is what `DecodeState.target_cache` holds: eager, the generation's `DynamicCache`; compiled,
+the runner itself (its bucketed static cache, one generation at a time). `out` is HF's model
+output; the compiled runner's rows past the tree's N are padding up to `width`.
+
+    past = head.start(kv)                                            # a prompt's head cache, eager
+    hidden, past = head.encode(embeds, features, positions, allowed, past)
+    logp = head.logp(hidden)                                         # draft log-probs [m, Vd], CPU
+
+`past` is what `DecodeState.head_past` holds: eager, the head's (keys, values); compiled, `HeadRows`.
+
+No implementation imports this file: the protocols are structural (and runtime-checkable, for tests).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from eagle.decoding.tree import Tree
+
+
+@runtime_checkable
+class TargetRunner(Protocol):
+    """The target's forwards for one generation at a time, over the cache its `prefill` returns."""
+
+    def prefill(self, input_ids: torch.Tensor, room: int) -> tuple[Any, Any]:
+        """The prompt [1, S] with hidden states into a new cache with `room` more rows; (HF output, cache)."""
+
+    def tree_forward(self, cache: Any, tokens: torch.Tensor, positions: torch.Tensor, tree: Tree, past: int,
+                     width: int) -> Any:
+        """The tree's tokens [N] at positions [N] after `past` committed rows, each attending to the
+        committed rows and its ancestors; appends N rows (compiled: `width` >= N, padded). HF output."""
+
+    def keep_rows(self, cache: Any, past: int, path: torch.Tensor) -> None:
+        """Keep the tree rows of nodes `path` [n] (root first) after `past` committed rows, in place."""
+
+    def plain_prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """Plain decoding's prompt [1, S]: (its last logits [V], a new cache)."""
+
+    def plain_step(self, cache: Any, token: torch.Tensor, past: int) -> torch.Tensor:
+        """One token [1] at position `past` (the rows in the cache); its logits [V]."""
+
+
+@runtime_checkable
+class HeadRunner(Protocol):
+    """The draft head's forward and scorer over the head cache a decode state holds."""
+
+    def start(self, past: tuple[torch.Tensor, torch.Tensor]) -> Any:
+        """A prompt's head cache ((keys, values) [1, C, S, D], from the eager prefill) as a state's `head_past`."""
+
+    def encode(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
+               allowed: torch.Tensor | None, past: Any) -> tuple[torch.Tensor, Any]:
+        """Head rows (token embeddings [m, H], features [m, F]) at positions [m] after `past`'s P rows;
+        allowed [m, P+m] bool (CPU, None: causal). Outputs [m, H] and the cache with the m rows
+        (the rows of `past` itself are not modified)."""
+
+    def logp(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Draft log-probs [m, Vd] (fp32, on the CPU) of head outputs [m, H]."""
