@@ -272,12 +272,12 @@ class EaModel(nn.Module):
     def draft(self, state: DecodeState) -> Tree:
         """1. The head's tree (dynamic or static, per `settings`), plus the prompt-lookup chain."""
         s = self.settings
-        with record_function("eagle.heads.eagle2"):
+        with record_function("eagle.draft"):
             if self.static is None:
                 tokens, parents = self.drafter.dynamic(state, s.total_token, s.depth, s.top_k)
             else:
                 tokens, parents = self.drafter.static(state, self.static)
-            with record_function("eagle.heads.eagle2.tree"):
+            with record_function("eagle.draft.tree"):
                 if s.lookup:
                     chain = lookup_chain(state.ids[0], s.lookup)
                     if chain.numel():
@@ -311,7 +311,7 @@ class EaModel(nn.Module):
 
     def accept(self, tree: Tree, verified: Verified, params: SamplingParams = GREEDY) -> tuple[torch.Tensor, int]:
         """3. The accepted root-to-node path (node indices [n-1], root first) and the bonus token."""
-        with record_function("eagle.decoding.verify.accept"):
+        with record_function("eagle.verify.accept"):
             if params.greedy:
                 return verify_greedy(tree, verified.logits)
             return verify_sampling(tree, verified.logits, params)

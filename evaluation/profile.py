@@ -6,13 +6,13 @@
 `EaModel` marks its phases with `record_function` ranges (free when no profiler runs):
 
     eagle.step            one decode step
-      eagle.heads.eagle2         growing the draft tree
-        eagle.heads.eagle2.head      head forwards (one per depth)
-        eagle.heads.eagle2.lm_head   draft logits + log-softmax over the draft vocabulary
-        eagle.heads.eagle2.tree      node selection and tree buffers
-      eagle.decoding.verify.mask   the tree attention mask
-      eagle.decoding.verify.forward    the target forward over the tree
-      eagle.decoding.verify.accept     greedy / rejection-sampling acceptance
+      eagle.draft         growing the draft tree
+        eagle.draft.head      head forwards (one per depth)
+        eagle.draft.lm_head   draft logits + log-softmax over the draft vocabulary
+        eagle.draft.tree      node selection and tree buffers
+      eagle.verify.mask   the tree attention mask
+      eagle.verify.forward    the target forward over the tree
+      eagle.verify.accept     greedy / rejection-sampling acceptance
       eagle.cache.commit      gathering the accepted rows of the target KV cache
       eagle.head.update       re-encoding the accepted tokens into the head's cache
 
@@ -36,9 +36,9 @@ from data_prep.prompt_sets import load_questions, round_robin
 from eagle.targets.tokenizer import chat_prompt
 
 SECTIONS = {  # name -> children
-    "eagle.step": ["eagle.heads.eagle2", "eagle.decoding.verify.mask", "eagle.decoding.verify.forward", "eagle.decoding.verify.accept",
+    "eagle.step": ["eagle.draft", "eagle.verify.mask", "eagle.verify.forward", "eagle.verify.accept",
                    "eagle.cache.commit", "eagle.head.update"],
-    "eagle.heads.eagle2": ["eagle.heads.eagle2.head", "eagle.heads.eagle2.lm_head", "eagle.heads.eagle2.tree"],
+    "eagle.draft": ["eagle.draft.head", "eagle.draft.lm_head", "eagle.draft.tree"],
 }
 
 

@@ -116,7 +116,7 @@ class CompiledTarget:
                      past: int, width: int) -> object:
         """The tree's tokens [N] at positions [N] after `past` rows, compiled, padded to `width` rows;
         HF's output over the `width` rows, with hidden states. cache: this runner."""
-        with record_function("eagle.decoding.verify.forward"):
+        with record_function("eagle.verify.forward"):
             return self.forward(tokens, positions, tree.ancestors, past, width, hidden=True)
 
     def keep_rows(self, cache: CompiledTarget, past: int, accepted: torch.Tensor) -> None:

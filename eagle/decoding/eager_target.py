@@ -39,9 +39,9 @@ class EagerTarget:
                      width: int) -> object:
         """The tree's tokens [N] at positions [N] over the cache's `past` rows; appends N rows (no padding:
         `width` is a compiled runner's concern). HF output with hidden states."""
-        with record_function("eagle.decoding.verify.mask"):
+        with record_function("eagle.verify.mask"):
             mask = self.tree_masks(tree, cache, past, tokens.device)
-        with record_function("eagle.decoding.verify.forward"):
+        with record_function("eagle.verify.forward"):
             return self.target(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
                                past_key_values=cache, use_cache=True, output_hidden_states=True)
 

@@ -63,7 +63,7 @@ class Drafter:
 
     def logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft log-probs [m, Vd] (fp32, CPU) of head outputs [m, H]."""
-        with record_function("eagle.heads.eagle2.lm_head"):
+        with record_function("eagle.draft.lm_head"):
             return self.runner.logp(hidden)
 
     # ---- EAGLE-2 ---------------------------------------------------------------------------
@@ -72,7 +72,7 @@ class Drafter:
         """EAGLE-2: grow the top_k best nodes by cumulative draft log-prob, then keep the
         total_token - 1 best of all. Returns tree tokens [N] and parents [N], root first."""
         tokens, scores, parents = self.candidates(state, depth, draft_width(total_token, top_k))
-        with record_function("eagle.heads.eagle2.tree"):
+        with record_function("eagle.draft.tree"):
             kept = select_nodes(scores, parents, total_token - 1)
             return torch.cat([state.root, tokens[kept]]), reindex_parents(kept, parents)
 
@@ -162,7 +162,7 @@ class DraftCache:
         allowed = torch.cat([torch.ones(m, self.committed, dtype=torch.bool), new_rows], dim=1)
         device = drafter.device
         positions = torch.full((m,), self.committed - 1 + depth, device=device)
-        with record_function("eagle.heads.eagle2.head"):
+        with record_function("eagle.draft.head"):
             hidden, self.past = drafter.encode(features, tokens.to(device), positions, allowed, self.past)
         return hidden, torch.arange(f, f + m)
 
