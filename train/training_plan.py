@@ -71,11 +71,11 @@ def training_plan(cfg: DictConfig) -> TrainPlan:
     store = store_plan(prep)
     t, extra, tr = store.target, extra_layers(prep.model), cfg.train
     rows = _loss_rows(tr.draft_vocab, t, extra)
-    train_bytes = _train_bytes(int(tr.batch_tokens), t, extra, rows)
+    head = _head_params(t.hidden, t.intermediate, extra)
+    train_bytes = _train_bytes(int(tr.batch_tokens), t, extra, rows, head)
     epochs = float(tr.epochs)
     if tr.max_steps:
         epochs = tr.max_steps * int(tr.batch_tokens) * int(tr.grad_accum or 1) / max(1, store.tokens)
-    head = _head_params(t.hidden, t.intermediate, extra)
     head_flops = store.tokens * (6 * head + 4 * rows[0] * t.hidden + 2 * rows[1] * t.hidden)
     element = dtype_bytes(prep.model.dtype)
     target = t.params * element + forward_bytes(int(tr.batch_tokens), t, extra, element)
@@ -83,10 +83,11 @@ def training_plan(cfg: DictConfig) -> TrainPlan:
     return TrainPlan(store, head, train_bytes / GB, choice)
 
 
-def _train_bytes(batch: int, t: TargetSizes, extra: int, rows: tuple[int, int]) -> float:
-    """Training's device memory per rank: head and optimizer states, frozen embed/lm_head, one micro-batch."""
+def _train_bytes(batch: int, t: TargetSizes, extra: int, rows: tuple[int, int], head: int) -> float:
+    """Training's device memory per rank for a head of `head` parameters: its weights and optimizer
+    states, the frozen embed/lm_head, one micro-batch."""
     # bf16 weights + fp32 master weights, grads and two Adam moments (ZeRO-2/3 shard the 16)
-    states = _head_params(t.hidden, t.intermediate, extra) * 18
+    states = head * 18
     frozen = 2 * t.vocab * t.hidden * 2
     drafted, target_side = rows
     activations = batch * t.hidden * 2 * (3 + extra) + batch * (drafted + target_side) * 4  # fp32 softmaxes
