@@ -88,8 +88,7 @@ def prep_config(cfg: DictConfig | PrepConfig) -> PrepConfig:
     """The typed config of a composed Hydra `cfg` (a PrepConfig is returned as it is)."""
     if isinstance(cfg, PrepConfig):
         return cfg
-    if "path" not in (cfg.get("model") or {}):  # the head group alone only sets model.feature_layers
-        raise ConfigError("no target model: choose one with +model=NAME (a file of conf/model/, e.g. +model=smollm2_135m)")
+    require_model(cfg)
     model = _section(ModelConfig, cfg, "model")
     data = _section(DataConfig, cfg, "data")
     top = {k: _value(cfg, k, t) for k, t in (("store_dir", str), ("seed", int), ("plan", bool)) if k in cfg}
@@ -100,6 +99,12 @@ def prep_config(cfg: DictConfig | PrepConfig) -> PrepConfig:
     if model.max_len < 2:
         raise ConfigError(f"model.max_len={model.max_len}: expected at least 2 tokens")
     return PrepConfig(model, data, Path(top.pop("store_dir")).expanduser(), **top)
+
+
+def require_model(cfg: DictConfig) -> None:
+    """A ConfigError unless `+model=NAME` chose a target (data_prep's and train's configs alike)."""
+    if "path" not in (cfg.get("model") or {}):  # the head group alone only sets model.feature_layers
+        raise ConfigError("no target model: choose one with +model=NAME (a file of conf/model/, e.g. +model=smollm2_135m)")
 
 
 def _section(schema, cfg, name: str, where: str | None = None):

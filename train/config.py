@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from omegaconf import DictConfig, OmegaConf
 
+from data_prep.data_config import require_model
 from eagle.heads.formats import FORMATS
 
 
@@ -88,8 +89,7 @@ RESUME_HINT = "train.resume must be 'auto', 'none' or a checkpoint directory"
 
 def validate(cfg: DictConfig) -> DictConfig:
     """Return `cfg` with `train`, `wandb`, `hub` typed by their schema; raise on bad values."""
-    if "path" not in cfg.get("model", {}):  # the head group alone only sets model.feature_layers
-        raise ValueError("no target model: choose one with +model=NAME (a file of conf/model/)")
+    require_model(cfg)
     cfg = cfg.copy()
     OmegaConf.set_struct(cfg, False)
     for key, schema in SCHEMAS.items():
