@@ -2,7 +2,7 @@
 the top-level `store_dir`, `seed` and `plan`, and the target a job resolves once.
 
     prep = prep_config(cfg)        # the composed Hydra config -> PrepConfig; one ValueError naming a bad key
-    target = resolve(prep.model)   # model.path -> a local model folder; its tokenizer loads on first use
+    target = resolve(prep.model)   # model.path at model.revision -> a local model folder; its tokenizer loads on first use
 
 The YAML holds the values (conf/model/*.yaml, conf/data/*.yaml); these dataclasses are the schema,
 and tests/test_configs.py keeps their keys and defaults equal to the YAML's. Values keep the type
@@ -21,6 +21,8 @@ from pathlib import Path
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from eagle.common import distributed
+from eagle.targets.hub import snapshot_commit
 from eagle.targets.resolve import local_target, resolve_target
 from eagle.targets.tokenizer import load_tokenizer
 
@@ -65,6 +67,7 @@ class ModelConfig:
     name: str
     path: str  # alias, folder, GGUF file or Hub id (eagle.targets.resolve)
     max_len: int
+    revision: str | None = None  # a Hub id's commit (or branch, tag) every rank loads; None: main
     dtype: str = "bfloat16"
     chat_template: str | None = None
     num_layers: int | None = None
@@ -175,11 +178,13 @@ def _describe(kind) -> str:
 
 
 class TargetFiles:
-    """`model.path` resolved once for a job: the local model folder, and its tokenizer with
-    `model.chat_template`, loaded on first use (a job that reads a finished store needs none)."""
+    """`model.path` resolved once for a job: the local model folder, the Hub commit it holds (None
+    for a local folder or an alias), and its tokenizer with `model.chat_template`, loaded on first
+    use (a job that reads a finished store needs none)."""
 
     def __init__(self, path: str, folder: Path, chat_template: str | None = None):
         self.path, self.folder, self.chat_template = path, Path(folder), chat_template
+        self.commit = snapshot_commit(self.folder)
 
     @cached_property
     def tokenizer(self):
@@ -187,11 +192,17 @@ class TargetFiles:
 
 
 def resolve(model: ModelConfig) -> TargetFiles:
-    """The target of `model`, converted or downloaded when needed (eagle.targets.resolve.resolve_target)."""
-    return TargetFiles(model.path, resolve_target(model.path), model.chat_template)
+    """The target of `model` at `model.revision`, converted or downloaded when needed
+    (eagle.targets.resolve.resolve_target). Under a launcher every rank calls it, and all stop
+    with one error naming both commits when their snapshots differ (nodes whose HF caches hold
+    different snapshots would otherwise train on different weights or chat templates)."""
+    target = TargetFiles(model.path, resolve_target(model.path, model.revision), model.chat_template)
+    distributed.same_everywhere(target.commit, f"the Hub commit of target {model.path}",
+                                "pin model.revision to one commit in the preset, or give every node the same snapshot")
+    return target
 
 
 def local_files(model: ModelConfig) -> TargetFiles | None:
     """The target of `model` when it is already on this machine (never converts nor downloads), else None."""
-    folder = local_target(model.path)
+    folder = local_target(model.path, model.revision)
     return None if folder is None else TargetFiles(model.path, folder, model.chat_template)

@@ -4,7 +4,9 @@
     python -m train +model=NAME [...] plan=true             # this, and training's side (train/training_plan.py)
 
 Prints the conversations, the estimated tokens, the store's size on disk against the free
-space of its filesystem, and data_prep's host and device memory per rank. It works offline from
+space of its filesystem, and data_prep's host and device memory per rank: on the host the target
+as it loads and the shard buffers (one shard filling, one being written: 2 x data.shard_records
+conversations of features), on the device the target and one forward batch. It works offline from
 the config alone: target sizes come from the target's config when it is local (or in the HF
 cache), else from the preset (`model.hidden_size`, `vocab_size`, `intermediate_size`,
 `params`); conversations are counted when the source can be read, else taken from the data
@@ -38,6 +40,19 @@ class TargetSizes:
     intermediate: int
     params: float
     source: str  # "the target's config" | "the preset"
+    heads: int | None = None  # attention heads, key/value heads and head width: from the target's config
+    kv_heads: int | None = None  # (a preset has none: the plan then counts full multi-head attention,
+    head_dim: int | None = None  # heads x head_dim = hidden, an upper bound for grouped-KV targets)
+
+    @property
+    def attention_width(self) -> int:
+        """heads x head_dim: the width of q and of keys/values repeated per query head."""
+        return self.heads * self.head_dim if self.heads and self.head_dim else self.hidden
+
+    @property
+    def kv_width(self) -> int:
+        """kv_heads x head_dim: the width of the keys and values a layer stores."""
+        return self.kv_heads * self.head_dim if self.kv_heads and self.head_dim else self.attention_width
 
 
 @dataclass
@@ -87,9 +102,9 @@ def store_plan(prep: PrepConfig, target_dir: Path | None = None, tokenizer=None,
         count, count_source = len(conversations), "read from the source"
     tokens, tokens_source = _tokens(prep, tokenizer, conversations, count)
     extra = extra_layers(prep.model)
-    per_token = 4 + 1 + dtype_bytes(prep.model.dtype) * sizes.hidden * (1 + extra)
+    per_token = store_bytes_per_token(sizes.hidden, extra, dtype_bytes(prep.model.dtype))
     return Plan(sizes, count, count_source, tokens, tokens_source, per_token, prep.store_dir, _free(prep.store_dir),
-                _memory(prep, sizes, extra))
+                _memory(prep, sizes, extra, tokens, count))
 
 
 def extra_layers(model: ModelConfig) -> int:
@@ -118,8 +133,11 @@ def target_sizes(model: ModelConfig, target_dir: Path | None = None) -> TargetSi
         inter = getattr(text, "intermediate_size", 4 * text.hidden_size)
         params = _param_count(text.vocab_size, text.hidden_size, text.num_hidden_layers, inter,
                               getattr(text, "tie_word_embeddings", False))
+        heads = getattr(text, "num_attention_heads", None)
+        head_dim = getattr(text, "head_dim", None) or (text.hidden_size // heads if heads else None)
         return TargetSizes(text.hidden_size, text.vocab_size, text.num_hidden_layers, inter, params,
-                           "the target's config")
+                           "the target's config", heads, getattr(text, "num_key_value_heads", None) or heads,
+                           head_dim)
     m = model
     missing = [k for k in ("hidden_size", "vocab_size", "num_layers", "intermediate_size", "params")
                if getattr(m, k) is None]
@@ -190,12 +208,25 @@ def _tokens(prep: PrepConfig, tokenizer, conversations, count: int) -> tuple[int
     return per * count, f"{per:,} tokens per conversation, stated by data.plan_tokens_per_conversation"
 
 
-def _memory(prep: PrepConfig, t: TargetSizes, extra: int) -> dict[str, float]:
-    """GB per rank of data_prep: the target loaded on the host, and the target with one forward batch on the device."""
-    weights = t.params * dtype_bytes(prep.model.dtype)
-    activations = forward_bytes(prep.data.batch_tokens, t, extra, dtype_bytes(prep.model.dtype))
-    return {"data_prep host (loading the target)": weights / GB,
+SHARDS_IN_HOST = 2  # data_prep's shard buffers: one filling from the forwards, one being written
+
+
+def _memory(prep: PrepConfig, t: TargetSizes, extra: int, tokens: int, conversations: int) -> dict[str, float]:
+    """GB per rank of data_prep: on the host the target as it loads and the shard buffers, on the
+    device the target with one forward batch."""
+    element = dtype_bytes(prep.model.dtype)
+    weights = t.params * element
+    per_conversation = tokens / max(1, conversations)
+    shard = prep.data.shard_records * per_conversation * store_bytes_per_token(t.hidden, extra, element)
+    activations = forward_bytes(prep.data.batch_tokens, t, extra, element)
+    return {f"data_prep host (the target, {SHARDS_IN_HOST} shard buffers of {prep.data.shard_records} conversations)":
+            (weights + SHARDS_IN_HOST * shard) / GB,
             "data_prep device (target + a batch)": (weights + activations) / GB}
+
+
+def store_bytes_per_token(hidden: int, extra: int, element: int) -> int:
+    """4 (input id) + 1 (loss mask) + the last layer's feature and EAGLE-3's `extra` layers."""
+    return 4 + 1 + element * hidden * (1 + extra)
 
 
 def dtype_bytes(dtype: str) -> int:
@@ -204,8 +235,11 @@ def dtype_bytes(dtype: str) -> int:
 
 
 def forward_bytes(tokens: int, t: TargetSizes, extra_layers: int, element_bytes: int) -> int:
-    """Activations of one target forward over `tokens` (no grad), with EAGLE-3's extra layers kept."""
-    return tokens * (t.hidden * (4 + 2 * extra_layers) + t.intermediate * 2) * element_bytes
+    """Activations of one target forward over `tokens` (no grad): a layer's working set and the
+    outputs; asking for EAGLE-3's extra layers keeps every layer's hidden states (HF's
+    output_hidden_states) and copies the fused ones side by side."""
+    kept = (t.layers + 1 + extra_layers) * t.hidden if extra_layers else 0
+    return tokens * (t.hidden * 4 + t.intermediate * 2 + kept) * element_bytes
 
 
 def _param_count(vocab: int, hidden: int, layers: int, inter: int, tied: bool) -> float:

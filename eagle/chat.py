@@ -11,13 +11,13 @@ In the chat, `/reset` clears the history and `/exit` quits.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
 import torch
 
 import eagle.decoding.settings as tree_settings
+from eagle.common import progress
 from eagle.targets.resolve import EMBEDDED_DEFAULT
 
 SHIPPED_HEAD = Path(__file__).resolve().parents[1] / "checkpoints" / "eagle-smollm2-135m-instruct"
@@ -38,7 +38,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--chat-template", default=None, help="template name, .jinja file or template text")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")
     p.add_argument("--no-compile", action="store_true",
-                   help="eager target forwards: no compile at start (~35-70 s per shape), slower decoding")
+                   help="eager forwards only (the default decodes eagerly until its graphs compile in the background)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr (replies and their stats only)")
     tree_settings.add_arguments(p)
     return p.parse_args(argv)
 
@@ -61,13 +62,17 @@ def build_model(args: argparse.Namespace):
     from eagle.targets.tokenizer import load_tokenizer
 
     dtype = DTYPES[args.dtype]
-    folder = resolve_target(args.target)
-    target = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)  # the family's default attention
-    tokenizer = load_tokenizer(folder, args.chat_template)
-    if args.random_head:
-        head = DraftHead(DraftConfig.from_target_config(target.config, target=args.target)).to(dtype)
-    else:
-        head = load_head(args.head, dtype=dtype)
+    with progress.phase("resolving the target %s", args.target):
+        folder = resolve_target(args.target)
+    with progress.phase("loading the target (%s)", args.dtype):
+        target = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)  # the family's default attention
+        tokenizer = load_tokenizer(folder, args.chat_template)
+    with progress.phase("loading the head %s", "(random)" if args.random_head else args.head):
+        if args.random_head:
+            head = DraftHead(DraftConfig.from_target_config(target.config, target=args.target)).to(dtype)
+        else:
+            head = load_head(args.head, dtype=dtype)
+    # decodes at once; tunes (once per machine) and compiles in the background (eagle/tuning/warmup.py)
     return EaModel.from_modules(target, head, tokenizer, tree_settings.from_arguments(args),
                                 compile=False if args.no_compile else None)
 
@@ -118,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    logging.basicConfig(format="%(message)s", stream=sys.stderr)
-    logging.getLogger("eagle").setLevel(logging.INFO)  # the one-time tree timing says what it does
+    progress.show(args.quiet)  # what it prepares, one line a phase on stderr
     try:
         model = build_model(args)
     except (FileNotFoundError, ValueError) as e:

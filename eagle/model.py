@@ -31,24 +31,26 @@ with sliding windows always use; eagle/decoding/eager_head.py). `DecodeState.tar
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.profiler import record_function
-from transformers import AutoModelForCausalLM
 
+from eagle.common import progress
 from eagle.tuning import budget_cache
-from eagle.tuning.tuner import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget, describe, tune_tree
-from eagle.heads.checkpoint import Head, load_head
+from eagle.tuning.tuner import DEPTHS, SIZES, TreeBudget, describe, tune_tree
+from eagle.tuning.warmup import Warmup, adopt, generation, prepare_in_background
+from eagle.heads.checkpoint import Head, check_head_fits, load_head
 from eagle.compiled.head_graphs import CompiledHead
 from eagle.compiled.target_graphs import CompiledTarget, compilable, wanted
 from eagle.decoding.tree_drafter import Drafter
-from eagle.heads.feature_layers import LAST, head_layers
+from eagle.heads.feature_layers import target_feature_layers
 from eagle.decoding.eager_target import EagerTarget
 from eagle.decoding.prompt_lookup import lookup_chain, merge_chain
 from eagle.decoding.plain_step import PlainStep
@@ -56,7 +58,7 @@ from eagle.decoding.runners import TargetRunner
 from eagle.decoding.settings import TreeSettings
 from eagle.decoding.state import DecodeState
 from eagle.decoding.stats import GenerationStats, TokenBudget
-from eagle.targets.resolve import resolve_target
+from eagle.targets.resolve import load_causal_lm, resolve_target
 from eagle.targets.tokenizer import eos_token_ids, tokenizer_if_any
 from eagle.decoding.tree import Tree, build_tree, static_tree
 from eagle.decoding.verify import SamplingParams, sample, verify_greedy, verify_sampling
@@ -98,68 +100,122 @@ class EaModel(nn.Module):
         self.eos_ids = eos_token_ids(target, tokenizer)
         self.last_stats: GenerationStats | None = None
         self.tuning: TreeBudget | None = None
-        _check_head_fits(head, target)
-        self.feature_layers = _feature_layers(head, target)  # hidden_states the head reads, side by side
+        check_head_fits(head, target)
+        self.feature_layers = target_feature_layers(head, target)  # hidden_states the head reads, side by side
         vocab = DraftVocabulary.of(head, target.get_output_embeddings(), settings.draft_vocab)
         # compiled (the default; compile=False or EAGLE_COMPILE=0 turn it off): head and scorer at fixed shapes
         # (eagle/compiled/head_graphs.py), and the target's forwards at fixed shapes over a bucketed static cache
         # (eagle/compiled/target_graphs.py); targets with sliding windows keep eager forwards
         self.drafter = Drafter(self.head, target.get_input_embeddings(), vocab, compiled=wanted(compile))
         self.compiled = CompiledTarget.of(self.target) if wanted(compile) and compilable(self.target) else None
-        self.runner: TargetRunner = EagerTarget(self.target) if self.compiled is None else self.compiled
+        self.eager = EagerTarget(self.target)
+        self.warmup: Warmup | None = None  # background tuning and compiling (from_pretrained, from_modules)
+        self.use_runners(compiled=True)
+
+    def use_runners(self, compiled: bool) -> None:
+        """Decode through the compiled runners (when the model has them) or through the eager ones."""
+        compiled = compiled and self.compiled is not None
+        self.runner: TargetRunner = self.compiled if compiled else self.eager
         self.plain = PlainStep(self.runner)  # plain decoding's forwards, through the same runner
+        self.drafter.use(compiled)
+
+    def view(self) -> EaModel:
+        """Another EaModel over the same modules, runners and settings, decoding through the compiled
+        runners (the background preparation drives one)."""
+        other = copy.copy(self)  # shallow: shares target, head, runners and vocabulary
+        other.drafter, other.warmup = copy.copy(self.drafter), None
+        other.use_runners(compiled=True)
+        return other
 
     @classmethod
-    def from_modules(cls, target: nn.Module, head: Head, tokenizer=None,
-                     settings: TreeSettings = TreeSettings(), compile: bool | None = None) -> "EaModel":
-        """An EaModel of loaded parts; `total_token="auto"` is timed on this device here (for the compiled
-        forwards when compiling, the default: each new shape compiles once per process, ~35 s, ~70 s up to 4 rows)."""
-        if not settings.auto:
-            return cls(target, head, tokenizer, settings, compile)
-        largest = settings.tuned(max(SIZES), max(DEPTHS))  # until tune() picks
-        model = cls(target, head, tokenizer, largest, compile)
-        model.tune()
-        return model
+    def from_modules(cls, target: nn.Module, head: Head, tokenizer=None, settings: TreeSettings = TreeSettings(),
+                     compile: bool | None = None, background: bool = True) -> "EaModel":
+        """An EaModel of loaded parts, decoding at once. `total_token="auto"` takes the budget cached for
+        this machine, head and target (eagle/tuning/budget_cache.py), else times this device
+        (eagle/tuning/tuner.py). background (default): return at once and decode eagerly while a
+        background thread tunes (when needed) and compiles (eagle/tuning/warmup.py); the model takes
+        over the result at its next generation, or at `wait_ready()`. background=False: tune here;
+        compiled shapes then compile at their first call."""
+        model = cls(target, head, tokenizer, settings.tuned(max(SIZES), max(DEPTHS)) if settings.auto else settings,
+                    compile)  # the largest budget until one is picked: the tuner's compiled cache has room for it
+        budget = model.cached_budget() if settings.auto else None
+        if budget is not None:
+            model.adopt_budget(budget)
+        tune = settings.auto and budget is None
+        if not background:
+            if tune:
+                model.tune()
+            return model
+        return prepare_in_background(model, tune)
 
     @classmethod
     def from_pretrained(cls, base_model_path: str | Path, ea_model_path: str | Path,
                         torch_dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                         settings: TreeSettings | None = None, compile: bool | None = None,
-                        **tree: object) -> "EaModel":
-        """Load the target (alias, folder or Hub id) and a head (our layout or EAGLE's).
+                        background: bool = True, quiet: bool = False, **tree: object) -> "EaModel":
+        """Load the target (alias, folder or Hub id) and a head (our layout or EAGLE's); decodes at once.
 
         Tree settings: a `TreeSettings`, or its fields as keywords (`total_token=60, depth=6,
         top_k=10`, `tree="static"`, `draft_vocab=8192`, `lookup=10`); `total_token="auto"`
         times this device and picks the dynamic tree's budget and depth. compile (default on, unless
-        EAGLE_COMPILE=0): the target's forwards compiled with fixed shapes (eagle/compiled/target_graphs.py)."""
+        EAGLE_COMPILE=0): the target's forwards compiled with fixed shapes (eagle/compiled/target_graphs.py).
+        background: tune and compile in a background thread (`from_modules`). Each phase is one line
+        on stderr unless quiet (eagle/common/progress.py)."""
+        progress.show(quiet)
         settings = TreeSettings(**tree) if settings is None else TreeSettings(**{**settings.__dict__, **tree})
-        path = resolve_target(base_model_path)
-        target = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device)
-        head = load_head(ea_model_path, dtype=torch_dtype, device=device)
-        return cls.from_modules(target, head, tokenizer_if_any(path), settings, compile)
+        with progress.phase("resolving the target %s", base_model_path):
+            path = resolve_target(base_model_path)
+        with progress.phase("loading the target (%s)", str(torch_dtype).removeprefix("torch.")):
+            target = load_causal_lm(path, torch_dtype, device)
+        with progress.phase("loading the head %s", ea_model_path):
+            head = load_head(ea_model_path, dtype=torch_dtype, device=device)
+        return cls.from_modules(target, head, tokenizer_if_any(path), settings, compile, background)
 
     @torch.inference_mode()
-    def tune(self, prompts: list[torch.Tensor] | None = None, reuse: bool = True) -> TreeBudget:
+    def tune(self, prompts: list[torch.Tensor] | None = None, reuse: bool = True,
+             pause: Callable[[], None] | None = None) -> TreeBudget:
         """Pick total_token and depth of the dynamic tree by measuring this device (eagle.tuning.tuner).
 
         Plain decoding is a candidate (total_token=1, eagenerate then runs plain steps) unless the
         settings add a lookup branch, whose gain the tuner does not measure.
         reuse: take the budget measured before for this head, target, dtype and machine
         (eagle.tuning.budget_cache) instead of timing again; a new measurement on the calibration
-        prompts is stored for the next load."""
-        sizes = SIZES if self.compiled is None else COMPILED_SIZES  # compiled: a graph per size timed
-        plain = not self.settings.lookup
-        key = budget_cache.budget_key(self, sizes, DEPTHS, plain) if prompts is None else None
+        prompts is stored for the next load. pause: called before each timed part (the background
+        preparation waits there while the model generates)."""
+        key = budget_cache.key_of(self) if prompts is None else None
         budget = budget_cache.load(key) if key is not None and reuse else None
         if budget is None:
             log.info("timing the draft tree on this machine (once: the pick is cached)")
-            budget = tune_tree(self, prompts, sizes, plain=plain)
+            budget = tune_tree(self, prompts, budget_cache.tuned_sizes(self), plain=not self.settings.lookup,
+                               pause=pause)
             if key is not None:
                 budget_cache.save(key, budget)
-        self.tuning = budget
-        self.settings = self.settings.tuned(budget.total_token, budget.depth)
+        self.adopt_budget(budget)
         log.info(describe(budget))
         return budget
+
+    def cached_budget(self) -> TreeBudget | None:
+        """The budget `tune` stored for this head, target, dtype and machine, or None."""
+        return budget_cache.load(budget_cache.key_of(self))
+
+    def adopt_budget(self, budget: TreeBudget) -> None:
+        """Decode with a tuned budget's total_token and depth."""
+        self.tuning = budget
+        self.settings = self.settings.tuned(budget.total_token, budget.depth)
+
+    @property
+    def ready(self) -> bool:
+        """True once the background preparation has ended (or there was none)."""
+        return self.warmup is None or self.warmup.done.is_set()
+
+    def wait_ready(self, timeout: float | None = None) -> bool:
+        """Wait for the background preparation and take over its settings and compiled runners now;
+        False when `timeout` seconds pass first."""
+        if self.warmup is not None:
+            if not self.warmup.done.wait(timeout):
+                return False
+            adopt(self)
+        return True
 
     @property
     def runners(self) -> list[CompiledTarget | CompiledHead]:
@@ -226,8 +282,9 @@ class EaModel(nn.Module):
         stats, budget = self._start(method, input_ids, max_new_tokens, max_length)
         if budget.done:
             return
-        steps = self._plain_steps if method == "naive" or self.plain_decoding else self._tree_steps
-        yield from steps(stats, budget, input_ids, params)
+        with generation(self):  # takes over a finished background preparation; holds the compiled runners
+            steps = self._plain_steps if method == "naive" or self.plain_decoding else self._tree_steps
+            yield from steps(stats, budget, input_ids, params)
 
     def _tree_steps(self, stats: GenerationStats, budget: TokenBudget, input_ids: torch.Tensor,
                     params: SamplingParams) -> Iterator[torch.Tensor]:
@@ -389,23 +446,3 @@ class EaModel(nn.Module):
         if log:
             return ids, self.last_stats.new_tokens, self.last_stats.steps
         return ids
-
-
-def _check_head_fits(head: Head, target: nn.Module) -> None:
-    """One-line error when a head was trained for a different target (hidden size or vocabulary)."""
-    vocab, hidden = target.get_input_embeddings().weight.shape
-    c = head.config
-    if (c.hidden_size, c.vocab_size) != (hidden, vocab):
-        trained_for = f"'{c.target}'" if c.target else "another target"
-        raise ValueError(
-            f"this draft head was trained for {trained_for} (hidden size {c.hidden_size}, vocabulary {c.vocab_size}), "
-            f"but the target has hidden size {hidden} and vocabulary {vocab}: pass the base model the head was "
-            f"trained for, or train a head for this one (python -m train +model=NAME)"
-        )
-
-
-def _feature_layers(head: Head, target: nn.Module) -> list[int]:
-    """hidden_states indices the head reads: an EAGLE-3 head's (eagle.heads.feature_layers), the last for EAGLE-1/2."""
-    if head.config.architecture != "eagle3":
-        return [LAST]
-    return head_layers(head.config.feature_layers, target.config.get_text_config().num_hidden_layers)

@@ -191,7 +191,8 @@ def write_report(out: Path, args, bench: Bench, runs: list[Run], table: dict, me
                  "tuning": None if e.tuning is None else e.tuning.grid}
              for m, e in bench.eagle.items()}
     meta = {"args": vars(args), "threads": torch.get_num_threads(), "torch": torch.__version__, "trees": trees,
-            "ours": {"startup_seconds": round(bench.startup_seconds, 1), "compile_seconds": round(bench.compile_seconds(), 1),
+            "ours": {"startup_seconds": round(bench.startup_seconds, 1), "startup": bench.startup,
+                     "compile_seconds": round(bench.compile_seconds(), 1),
                      "rss_mb": round(rss_mb(os.getpid())),
                      "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)},
             "vllm": {m: {"version": e.version, "startup_seconds": e.startup_seconds, "rss_mb": round(e.rss_at_close_mb)}
@@ -202,6 +203,9 @@ def write_report(out: Path, args, bench: Bench, runs: list[Run], table: dict, me
     if bench.eagle:
         md += "\n\n" + "; ".join(f"`{m}`: {t['total_token']} nodes, depth {t['depth']}, top-k {t['top_k']}, draft vocabulary "
                                  f"{t['draft_vocab'] or 'full'}" for m, t in trees.items()) + "\n"
+    md += "\nStart-up after the weights load: " + "; ".join(
+        [f"`{m}` first token {s['first_token_s']} s, tuned and compiled {s['ready_s']} s" for m, s in bench.startup.items()]
+        + [f"`{m}` engine ready {e.startup_seconds} s" for m, e in bench.engines.items()]) + "\n"
     (out / "results.md").write_text(md)
     plots(table, runs, methods, out)
     return md

@@ -25,6 +25,7 @@ import torch
 from eagle.model import EaModel
 from eagle.decoding.settings import TreeSettings
 from eagle.targets.tokenizer import chat_prompt
+from eagle.tuning.tuner import calibration_prompts
 from evaluation.vllm_engine import VLLM_METHODS
 
 DECODERS = ("naive", "eagle2", "eagle1", "eagle2-lookup", "eagle3", "eagle3-lookup")  # our EaModel
@@ -74,6 +75,7 @@ class Bench:
         self.max_new_tokens = max_new_tokens
         self.counter = ForwardCounter(target)
         self.eagle: dict[str, EaModel] = {}
+        self.startup: dict[str, dict[str, float]] = {}  # method -> first_token_s, ready_s (after the weights load)
         start = time.perf_counter()
         for m in sorted((m for m in methods if split_method(m)[0] in DECODERS), key=lambda m: "-lookup" in m):
             kind, label = split_method(m)
@@ -85,8 +87,21 @@ class Bench:
                              lookup=(settings.lookup or LOOKUP) if kind.endswith("-lookup") else 0)
             if kind == "naive":  # never drafts: the head only completes the EaModel, and nothing is tuned
                 chosen = replace(chosen, total_token=1, depth=1)
-            self.eagle[m] = EaModel.from_modules(target, head, tokenizer, chosen, compile=compile and not is_eager(m))
-        self.startup_seconds = time.perf_counter() - start  # our decoders' loading and tuning (compiles come later)
+            self.eagle[m] = self._start(m, head, chosen, compile and not is_eager(m))
+        self.startup_seconds = time.perf_counter() - start  # our decoders' start-up, tuning and compiling
+
+    def _start(self, method: str, head, settings: TreeSettings, compile: bool) -> EaModel:
+        """A decoder as a user gets it (`from_modules`, preparing in the background): the seconds to the
+        first token of a first reply, then to the end of its preparation, in `startup`."""
+        start = time.perf_counter()
+        model = EaModel.from_modules(self.target, head, self.tokenizer, settings, compile=compile)
+        ids = calibration_prompts(model)[0]  # a chat prompt (random ids without a tokenizer)
+        next(iter(model.naive_generate(ids, max_new_tokens=1) if method.startswith("naive")
+                  else model.ea_generate(ids, max_new_tokens=1)))
+        first = time.perf_counter() - start
+        model.wait_ready()
+        self.startup[method] = {"first_token_s": round(first, 2), "ready_s": round(time.perf_counter() - start, 1)}
+        return model
 
     def run(self, method: str, ids: torch.Tensor) -> tuple[torch.Tensor, int, float, list[int]]:
         """New token ids [n], target forwards after prefill, seconds, accept lengths."""

@@ -169,7 +169,7 @@ class RecordingRun:
 def test_training_reports_tau_every_n_steps_and_at_the_end(tiny_dir, chat_store, tmp_path, monkeypatch, capsys):
     run = RecordingRun()
     monkeypatch.setattr(Trainer, "_tracker", lambda self: Tracker(run))
-    trainer = Trainer(make_cfg(tiny_dir, chat_store, tmp_path / "tau", "train.tau_every=2"))
+    trainer = Trainer(make_cfg(tiny_dir, chat_store, tmp_path / "tau", "train.tau_every=2", "train.tau_min_steps=0"))
     result = trainer.fit()
     assert [h["step"] for h in result.tau_history] == [2, 4, 5]
     assert all(h["tau_tree"] >= 1.0 and h["tau_chain"] >= 1.0 and h["tau_seconds"] > 0 for h in result.tau_history)
@@ -189,7 +189,7 @@ def test_training_reports_tau_every_n_steps_and_at_the_end(tiny_dir, chat_store,
 
 def test_tau_under_zero3_gathers_the_partitioned_weights(tiny_dir, chat_store, tmp_path):
     trainer = Trainer(make_cfg(tiny_dir, chat_store, tmp_path, "deepspeed=zero3_bf16", "train.max_steps=2",
-                               "train.tau_every=1", "train.export_dtype=bfloat16"))
+                               "train.tau_every=1", "train.tau_min_steps=0", "train.export_dtype=bfloat16"))
     result = trainer.fit()
     assert [h["step"] for h in result.tau_history] == [1, 2]
     assert result.eval_metrics["tau_chain"] >= 1.0
@@ -206,7 +206,7 @@ def test_torchrun_two_processes_zero3_reports_tau(tiny_dir, chat_store, tmp_path
 
     args = ["+model=smollm2_135m", f"model.path={tiny_dir}", f"store_dir={chat_store}", f"output_dir={tmp_path}",
             "wandb.mode=disabled", "train.batch_tokens=128", "train.max_steps=4", "train.eval_every=0",
-            "train.save_every=0", "train.progress=false", "deepspeed=zero3_bf16", "train.tau_every=2",
+            "train.save_every=0", "train.progress=false", "deepspeed=zero3_bf16", "train.tau_every=2", "train.tau_min_steps=0",
             "train.tau_num_prompts=2", "train.tau_max_new_tokens=8"]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
            "-m", "train", *args]
@@ -220,3 +220,17 @@ def test_tau_needs_a_chat_tokenizer(tmp_path):
     tiny_llama().save_pretrained(tmp_path / "bare")
     with pytest.raises(ValueError, match="tau_every=0"):
         Judge.from_target_dir(tmp_path / "bare", ["hi"])
+
+
+def test_a_short_run_skips_tau_and_says_so(tiny_dir, chat_store, tmp_path, caplog):
+    """train.tau_every > 0 on a run shorter than train.tau_min_steps: no judge, one line why."""
+    import logging
+
+    from train.judge import judge_wanted
+
+    with caplog.at_level(logging.INFO, logger="train"):
+        trainer = Trainer(make_cfg(tiny_dir, chat_store, tmp_path, "train.tau_every=2", "train.max_steps=3"))
+    assert trainer.judge is None and not trainer.judging
+    assert "τ judge skipped: 3 optimizer steps < train.tau_min_steps=500" in caplog.text
+    assert trainer.fit().tau_history == []
+    assert judge_wanted(2, 0, 3) and judge_wanted(2, 500, 500) and not judge_wanted(0, 0, 10**6)

@@ -111,7 +111,7 @@ def test_a_lookup_method_tunes_its_own_tree_where_its_plain_method_decodes_plain
     monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
     asked = []
 
-    def fake_tune(model, prompts=None, sizes=None, plain=True):
+    def fake_tune(model, prompts=None, sizes=None, plain=True, pause=None):
         asked.append(plain)
         return TreeBudget(1, 3, 99.0) if plain else TreeBudget(8, 3, 50.0)
 

@@ -128,11 +128,11 @@ def test_auto_budget_times_the_compiled_widths_and_decodes_losslessly(tmp_path, 
 
     monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
     target, head = near_bigram_pair(7, coupling=0.3)
-    model = EaModel.from_modules(target, head, settings=TreeSettings(top_k=4), compile=True)
+    model = EaModel.from_modules(target, head, settings=TreeSettings(top_k=4), compile=True, background=False)
     assert sorted(model.tuning.verify_ms) == list(COMPILED_SIZES)
     assert model.settings.total_token in (1, *COMPILED_SIZES)  # 1: plain steps were the fastest
     assert {rows for _, rows, hidden in model.compiled.shapes if hidden} >= set(COMPILED_SIZES)
-    eager = EaModel.from_modules(target, head, settings=TreeSettings(top_k=4), compile=False)
+    eager = EaModel.from_modules(target, head, settings=TreeSettings(top_k=4), compile=False, background=False)
     assert len(list((tmp_path / "tree-budgets").glob("*.json"))) == 2  # compiled and eager costs differ
     ids = prompt(6, 15)
     assert torch.equal(model.eagenerate(ids, max_new_tokens=30), hf_greedy(target, ids, 30))

@@ -441,7 +441,7 @@ def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless(monkeyp
     sizes, depths, steps = (4, 8, 16), (2, 4), 6
     prompts = calibration_prompts(model)[:2]
     timed, fastest = [], autotune.fastest_ms
-    monkeypatch.setattr(autotune, "fastest_ms", lambda fns, rounds: timed.append(set(fns)) or fastest(fns, rounds))
+    monkeypatch.setattr(autotune, "fastest_ms", lambda fns, rounds, *pause: timed.append(set(fns)) or fastest(fns, rounds, *pause))
     with torch.inference_mode():
         budget = tune_tree(model, prompts, sizes=sizes, depths=depths, steps_per_prompt=steps, repeats=1)
     assert {*sizes, autotune.PLAIN} in timed
@@ -467,7 +467,7 @@ def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless(monkeyp
     plain = [r for r in budget.grid if r["total_token"] == 1]  # plain decoding is a candidate too
     assert len(plain) == 1 and plain[0]["tau"] == 1.0 and plain[0]["ms_per_step"] == budget.plain_ms > 0
     assert max(max(v) for v in real.values()) >= 3  # long paths really occur
-    auto = EaModel.from_modules(target, head, settings=TreeSettings(total_token="auto", top_k=4))
+    auto = EaModel.from_modules(target, head, settings=TreeSettings(total_token="auto", top_k=4), background=False)
     assert auto.tuning is not None
     assert (auto.settings.total_token, auto.settings.depth) == (auto.tuning.total_token, auto.tuning.depth)
     with pytest.raises(ValueError, match="from_pretrained or EaModel.from_modules"):
@@ -524,10 +524,11 @@ def test_a_tuned_budget_is_reused_for_the_same_head_target_and_machine(tmp_path,
     monkeypatch.setattr(eagle.model, "tune_tree", counted)
     target, head = near_bigram_pair(2)
     auto = TreeSettings(top_k=4)
-    first = EaModel.from_modules(target, head, settings=auto)
-    again = EaModel.from_modules(target, head, settings=auto)
+    first = EaModel.from_modules(target, head, settings=auto, background=False)
+    again = EaModel.from_modules(target, head, settings=auto)  # a cached pick: no background work
     assert len(calls) == 1 and again.settings == first.settings and again.tuning.grid == first.tuning.grid
     assert len(list((tmp_path / "tree-budgets").glob("*.json"))) == 1
-    EaModel.from_modules(target, random_head(target, 9), settings=auto)
+    assert again.warmup is None
+    EaModel.from_modules(target, random_head(target, 9), settings=auto, background=False)
     again.tune(reuse=False)
     assert len(calls) == 3

@@ -1,4 +1,4 @@
-"""The schema of the `train:`, `wandb:` and `hub:` sections of conf/config.yaml.
+"""The schema of the `train:`, `wandb:`, `hub:` and `plan_gpu:` sections of conf/config.yaml.
 
 The YAML holds the values (so `--cfg job` prints them); these dataclasses are the schema:
 `validate(cfg)` merges each section onto its dataclass, which rejects unknown keys and
@@ -53,6 +53,7 @@ class TrainConfig:
     tau_prompts: str = "mtbench"  # an eagle.bench prompt set, never in the training data
     tau_num_prompts: int = 8
     tau_max_new_tokens: int = 64
+    tau_min_steps: int = 500  # runs of fewer optimizer steps skip τ with a line saying so (0: always judge)
     log_every: int = 10
     save_every: int = 1000
     keep_last: int = 2
@@ -81,7 +82,17 @@ class HubConfig:
     format: str = "eagle"  # the layout pushed: eagle | vllm | sglang | speculators (eagle/heads/formats.py)
 
 
-SCHEMAS = {"train": TrainConfig, "wandb": WandbConfig, "hub": HubConfig}
+@dataclass
+class PlanGpuConfig:
+    """What plan=true assumes of the GPUs a run will use (train/training_plan.py)."""
+
+    memory_gb: float = 80.0  # one GPU's memory: the plan warns when a rank's peak exceeds it
+    tflops: float = 300.0  # achieved bf16 TFLOP/s of one GPU, for the target's and the head's passes
+    read_gb_per_s: float = 1.0  # store read bandwidth per GPU: a store epoch takes at least store / this
+    ranks: int = 8  # ranks ZeRO-1/2/3 shard the head's states over
+
+
+SCHEMAS = {"train": TrainConfig, "wandb": WandbConfig, "hub": HubConfig, "plan_gpu": PlanGpuConfig}
 SCHEDULES = ("linear", "cosine", "constant")
 FEATURES = ("store", "online")  # train/feature_source.py
 RESUME_HINT = "train.resume must be 'auto', 'none' or a checkpoint directory"
@@ -109,12 +120,17 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise ValueError("train.ttt_steps must be >= 1 (1 = plain EAGLE training)")
     if t.topk < 1:
         raise ValueError("train.topk must be >= 1")
-    if t.tau_every < 0 or t.tau_num_prompts < 1 or t.tau_max_new_tokens < 1:
-        raise ValueError("train.tau_every must be >= 0, train.tau_num_prompts and train.tau_max_new_tokens >= 1")
+    if t.tau_every < 0 or t.tau_min_steps < 0 or t.tau_num_prompts < 1 or t.tau_max_new_tokens < 1:
+        raise ValueError("train.tau_every and train.tau_min_steps must be >= 0, train.tau_num_prompts and "
+                         "train.tau_max_new_tokens >= 1")
     if cfg.wandb.mode not in (None, "online", "offline", "disabled"):
         raise ValueError(f"wandb.mode={cfg.wandb.mode!r}: expected online, offline, disabled or null")
     if cfg.hub.push and not cfg.hub.repo_id:
         raise ValueError("hub.push=true needs hub.repo_id=NAME")
+    g = cfg.plan_gpu
+    if min(g.memory_gb, g.tflops, g.read_gb_per_s) <= 0 or g.ranks < 1:
+        raise ValueError("plan_gpu.memory_gb, plan_gpu.tflops and plan_gpu.read_gb_per_s must be > 0, "
+                         "plan_gpu.ranks >= 1")
     if cfg.hub.format not in FORMATS:
         raise ValueError(f"hub.format={cfg.hub.format!r}: choose one of {', '.join(FORMATS)}")
     return cfg

@@ -2,7 +2,8 @@
 
 Only these matrices are read (a 7B target's 13 GB of layers never touch memory): from
 safetensors files directly, from PyTorch `.bin` shards memory-mapped. With tied embeddings,
-or a checkpoint without `lm_head.weight`, lm_head is the embedding.
+or a checkpoint without `lm_head.weight`, lm_head is the embedding. A folder whose weight files
+name no embedding loads the whole target once, on this rank's device, and keeps these three.
 """
 
 from __future__ import annotations
@@ -88,9 +89,11 @@ def load_frozen(target_dir: str | Path, dtype: torch.dtype = torch.float32) -> F
 
 
 def _load_via_model(target_dir: Path, dtype: torch.dtype) -> Frozen:
-    from transformers import AutoModelForCausalLM
+    """The matrices of the whole target, loaded straight onto this rank's device (no host copy
+    of the full model on a GPU node); the model itself is dropped."""
+    from eagle.targets import resolve
 
-    model = AutoModelForCausalLM.from_pretrained(target_dir, dtype=dtype)
+    model = resolve.load_causal_lm(target_dir, dtype, resolve.local_device())
     frozen = frozen_of(model, dtype)
     return Frozen(frozen.embed.clone(), frozen.lm_head.clone(), None if frozen.norm is None else frozen.norm.clone())
 

@@ -85,6 +85,18 @@ def count_tau(model, prompts: list[torch.Tensor], max_new_tokens: int) -> TauCou
     return count
 
 
+def judge_wanted(tau_every: int, min_steps: int, total_steps: int) -> bool:
+    """Whether a run measures τ: asked for (tau_every > 0) and at least `min_steps` optimizer steps long.
+    A shorter run skips it and logs one line saying so (its decoding would outlast the training)."""
+    if not tau_every:
+        return False
+    if total_steps < min_steps:
+        log.info("τ judge skipped: %d optimizer steps < train.tau_min_steps=%d (greedy decoding of the held-back "
+                 "prompts takes minutes on a CPU; set train.tau_min_steps=0 to measure anyway)", total_steps, min_steps)
+        return False
+    return True
+
+
 class Judge:
     """Measures τ of heads on a fixed prompt list with one frozen target.
 
@@ -131,10 +143,14 @@ class Judge:
         """τ of `head` (in the target's dtype) under every tree of the judge."""
         result = Acceptance()
         start = time.perf_counter()
+        log.info("τ judge: decoding %d prompts x %d tokens with %d trees", len(self.prompts), self.max_new_tokens,
+                 len(self.trees))
         for name, tree in self.trees.items():
             model = EaModel(self.target, head, self.tokenizer, tree, compile=False)  # τ only: no compile
             result.counts[name] = count_tau(model, self.prompts, self.max_new_tokens)
         result.seconds = time.perf_counter() - start
+        log.info("τ judge: %s in %.0f s", ", ".join(f"tau_{n} {c.tau:.2f}" for n, c in result.counts.items()),
+                 result.seconds)
         return result
 
     def measure_state(self, state: dict[str, torch.Tensor], config: DraftConfig,

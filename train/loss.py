@@ -101,24 +101,28 @@ def eagle_loss(
 ) -> LossOutput:
     """EAGLE's loss over the masked pairs of unrolled pass `step` (see pass_mask). `dist`: the
     target's distribution over `mask`'s rows (vocab_target), computed once and shared by the
-    passes; None computes it here. With no pair the loss is 0 (still differentiable)."""
+    passes; None computes it here. With no pair the loss is 0 (still differentiable).
+
+    Every masked row is scored and the pass's rows are weighed in (`keep`), so the backward keeps
+    `dist.probs` itself rather than a per-pass copy of its rows."""
     keep = pass_mask(mask, step)[mask]  # [N] rows with a whole draft chain behind them
-    pred_m = pred[mask][keep]  # [n, H]
-    n = pred_m.shape[0]
+    n = int(keep.sum())
     if n == 0:
         return _no_pairs(pred)
-    target_m = target[mask][keep].to(pred_m.dtype)  # [n, H]
-    feature_loss = F.smooth_l1_loss(pred_m.float(), target_m.float())  # mean over n*H
-    weight = lm_head.to(pred_m.dtype)
-    dist = dist or vocab_target(target, mask, weight, None, None)
-    target_p, target_top = dist.probs[keep], dist.top[keep]  # [n, V], [n]
-    draft_logits = pred_m @ weight.T  # [n, V]
+    pred_m = pred[mask]  # [N, H]
+    weight = keep.to(torch.float32) / n  # [N]: the mean over the pass's rows
+    target_m = target[mask].to(pred_m.dtype)  # [N, H]
+    per_row = F.smooth_l1_loss(pred_m.float(), target_m.float(), reduction="none").mean(-1)  # [N]
+    feature_loss = (per_row * weight).sum()  # mean over n*H
+    lm = lm_head.to(pred_m.dtype)
+    dist = dist or vocab_target(target, mask, lm, None, None)
+    draft_logits = pred_m @ lm.T  # [N, V]
     draft_logp = torch.log_softmax(draft_logits.float(), dim=-1)
-    token_loss = -(target_p * draft_logp).sum(-1).mean()
+    token_loss = (-(dist.probs * draft_logp).sum(-1) * weight).sum()
     loss = v_w * feature_loss + p_w * token_loss
     with torch.no_grad():
-        draft_top = draft_logits.topk(min(topk, draft_logits.shape[-1]), dim=-1).indices  # [n, k]
-        hits = draft_top == target_top[:, None]
+        draft_top = draft_logits[keep].topk(min(topk, draft_logits.shape[-1]), dim=-1).indices  # [n, k]
+        hits = draft_top == dist.top[keep][:, None]
         sums = {
             "n": torch.full((), float(n), dtype=torch.float64, device=pred.device),
             "feature": feature_loss.detach().double() * n,
@@ -138,9 +142,10 @@ def pass_mask(mask: torch.Tensor, step: int) -> torch.Tensor:
     return mask & keep
 
 
-def _no_pairs(pred: torch.Tensor) -> LossOutput:
-    """The loss of a batch without masked pairs: 0, still differentiable, zero sums."""
-    zero = pred.sum() * 0.0
+def _no_pairs(pred: torch.Tensor, *scored: torch.Tensor) -> LossOutput:
+    """The loss of a batch without masked pairs: 0, still differentiable (through `pred` and what was
+    `scored` of it), zero sums."""
+    zero = sum((t.sum() for t in scored), pred.sum()) * 0.0
     sums = {k: torch.zeros((), dtype=torch.float64, device=pred.device) for k in ("n", "feature", "token", "top1", "topk")}
     return LossOutput(zero, zero.detach(), zero.detach(), sums)
 
@@ -151,21 +156,24 @@ def eagle3_loss(logits_of, pred: torch.Tensor, mask: torch.Tensor, target: Vocab
 
     logits_of: head states [N, H] -> draft-vocabulary logits [N, Vd] (the head's norm + lm_head).
     CE against `target.probs` over rows whose target argmax is in the draft vocabulary; top-1
-    counts every row (a target token outside the vocabulary is a miss)."""
+    counts every row (a target token outside the vocabulary is a miss).
+
+    Every masked row is scored and the pass's rows are weighed in, so the backward keeps
+    `target.probs` itself, not a per-pass copy of its rows; and `logits_of` runs once per pass on
+    every rank, even on one without pairs (a ZeRO-3 engine gathers its weights collectively)."""
     keep = pass_mask(mask, step)[mask]  # [N] rows with a whole draft chain behind them
-    states = pred[mask][keep]  # [n, H]
-    n = states.shape[0]
+    logp = torch.log_softmax(logits_of(pred[mask]).float(), dim=-1)  # [N, Vd]
+    n = int(keep.sum())
     if n == 0:
-        return _no_pairs(pred)
-    logp = torch.log_softmax(logits_of(states).float(), dim=-1)  # [n, Vd]
-    probs, top, in_vocab = target.probs[keep], target.top[keep], target.in_vocab[keep]
-    ce = -(probs * logp).sum(-1)  # [n]
-    token_loss = (ce * in_vocab).sum() / in_vocab.sum().clamp(min=1)
+        return _no_pairs(pred, logp)
+    counted = keep & target.in_vocab  # [N]
+    ce = -(target.probs * logp).sum(-1)  # [N]
+    token_loss = (ce * counted).sum() / counted.sum().clamp(min=1)
     with torch.no_grad():
-        draft_top = logp.topk(min(topk, logp.shape[-1]), dim=-1).indices  # [n, k] draft ids
+        draft_top = logp[keep].topk(min(topk, logp.shape[-1]), dim=-1).indices  # [n, k] draft ids
         if draft_ids is not None:
             draft_top = draft_ids[draft_top]
-        hits = draft_top == top[:, None]
+        hits = draft_top == target.top[keep][:, None]
         zero = torch.zeros((), dtype=torch.float64, device=pred.device)
         sums = {"n": torch.full((), float(n), dtype=torch.float64, device=pred.device), "feature": zero,
                 "token": token_loss.detach().double() * n, "top1": hits[:, 0].sum().double(),

@@ -45,7 +45,7 @@ from train.feature_source import open_features
 from train.frozen import Frozen, frozen_of, load_frozen
 from train.head_config import draft_config
 from train.head_init import initial_head, start_from_target
-from train.judge import Judge
+from train.judge import Judge, judge_wanted
 from train.loss import LossOutput, Pairs, eagle3_loss, eagle_loss, make_pairs, summarize, uniform_noise, vocab_target
 from train.tracking import Tracker, code_version
 from train.unroll import unrolled_forward
@@ -109,7 +109,8 @@ class Trainer:
         self.wandb_id: str | None = None
         self.step_times: list[tuple[int, float]] = []  # (pairs on this rank, seconds) per step
         self._saved_step = -1
-        self.judge: Judge | None = self._judge() if t.tau_every and self.rank == 0 else None
+        self.judging = judge_wanted(t.tau_every, t.tau_min_steps, self.total_steps)  # says so when skipped
+        self.judge: Judge | None = self._judge() if self.judging and self.rank == 0 else None
         self.tau_history: list[dict[str, float]] = []
         self._maybe_resume()
 
@@ -138,7 +139,8 @@ class Trainer:
 
         EAGLE-1/2: feature + token loss, the token term over the draft vocabulary's lm_head rows
         (full_vocab: over all rows, for honest held-out top-k). EAGLE-3: the token loss against
-        the target's distribution restricted to the head's vocabulary, scored by `head` (default: the engine's)."""
+        the target's distribution restricted to the head's vocabulary, scored by `head` (default: the engine,
+        whose forward gathers ZeRO-3's partitioned weights)."""
         t = self.cfg.train
         if not self.eagle3:
             lm_head = self.frozen.lm_head if full_vocab else self.loss_lm_head
@@ -147,8 +149,12 @@ class Trainer:
                     for i, pred in enumerate(preds)]
         ids, member = self.loss_vocab or (None, None)
         target = vocab_target(p.target, p.mask, self.frozen.lm_head, ids, member)
-        head = head or self.engine.module
-        return [eagle3_loss(head.logits, pred, p.mask, target, i, ids, t.topk) for i, pred in enumerate(preds)]
+        head = head or self.engine
+
+        def logits_of(states):  # [N, H] -> [N, Vd]
+            return head(states, logits_only=True)
+
+        return [eagle3_loss(logits_of, pred, p.mask, target, i, ids, t.topk) for i, pred in enumerate(preds)]
 
     def micro_step(self, batch: Batch, micro: int) -> LossOutput:
         """Forward, loss and backward of one micro-batch; the engine steps at accumulation boundaries."""
@@ -205,7 +211,7 @@ class Trainer:
         if self._saved_step != self.step:
             self.save()
         eval_metrics = self.evaluate()
-        if t.tau_every:
+        if self.judging:
             eval_metrics.update(self.acceptance())
         self._log_eval(tracker, eval_metrics)
         head_dir = self.export(train_metrics, eval_metrics)
@@ -218,7 +224,7 @@ class Trainer:
         metrics: dict[str, float] = {}
         if t.eval_every and self.step % t.eval_every == 0:
             metrics.update(self.evaluate())
-        if t.tau_every and self.step % t.tau_every == 0:
+        if self.judging and self.step % t.tau_every == 0:
             metrics.update(self.acceptance())
         if metrics:
             self._log_eval(tracker, metrics)
@@ -256,7 +262,7 @@ class Trainer:
         if self.rank == 0:
             metrics = self.judge.measure_state(state, self.draft_config, self.vocab.stored()).metrics()
             self.tau_history.append({"step": self.step, **metrics})
-        dist.barrier()  # the other ranks wait here, not inside the next step's all-reduce
+        distributed.barrier("rank 0's τ measurement")  # the others wait here (long timeout), not in the next all-reduce
         return metrics
 
     def _judge(self) -> Judge:
@@ -311,7 +317,7 @@ class Trainer:
             card = model_card(self.card_info(train_metrics, eval_metrics), self.cfg.hub.repo_id)
             export_head(head_dir, state, self.draft_config, card, getattr(torch, self.cfg.train.export_dtype),
                         self.vocab.stored(), self.cfg.hub.repo_id)
-        dist.barrier()
+        distributed.barrier("rank 0's export of the head")
         return head_dir
 
     def card_info(self, train_metrics: dict, eval_metrics: dict) -> CardInfo:

@@ -37,6 +37,10 @@ class Drafter:
         self.compiled = CompiledHead(head, vocab.scorer) if compiled else None
         self.runner: HeadRunner = self.eager if self.compiled is None else self.compiled  # drafts and commits
 
+    def use(self, compiled: bool) -> None:
+        """Draft through the compiled runner (when there is one) or the eager one."""
+        self.runner = self.compiled if compiled and self.compiled is not None else self.eager
+
     @property
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype

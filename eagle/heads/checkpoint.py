@@ -164,3 +164,16 @@ def write_draft_vocab(directory: str | Path, ids: torch.Tensor) -> Path:
         raise ValueError(f"{directory}: an EAGLE-3 head's vocabulary is fixed by its trained lm_head")
     card = Path(directory) / "README.md"
     return save_head(directory, head, dtype=head.fc.weight.dtype, card=card.read_text() if card.exists() else None)
+
+
+def check_head_fits(head: Head, target: torch.nn.Module) -> None:
+    """One-line error when a head was trained for a different target (hidden size or vocabulary)."""
+    vocab, hidden = target.get_input_embeddings().weight.shape
+    c = head.config
+    if (c.hidden_size, c.vocab_size) != (hidden, vocab):
+        trained_for = f"'{c.target}'" if c.target else "another target"
+        raise ValueError(
+            f"this draft head was trained for {trained_for} (hidden size {c.hidden_size}, vocabulary {c.vocab_size}), "
+            f"but the target has hidden size {hidden} and vocabulary {vocab}: pass the base model the head was "
+            f"trained for, or train a head for this one (python -m train +model=NAME)"
+        )

@@ -198,11 +198,27 @@ class DraftAttention(nn.Module):
             k = torch.cat([past[0], k], dim=2)  # [B, kvH, P+S, D]
             v = torch.cat([past[1], v], dim=2)
         causal = mask is None and past is None
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=None if causal else mask, is_causal=causal,
-            enable_gqa=self.n_kv != self.n_heads,
-        )  # [B, nH, S, D]
+        out = attend(q, k, v, None if causal else mask, causal)  # [B, nH, S, D]
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1)), (k, v)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+           causal: bool) -> torch.Tensor:
+    """SDPA of q [B, nH, S, D] over grouped k, v [B, kvH, L, D] under the additive mask
+    [B or 1, 1, S, L] (or causal): [B, nH, S, D].
+
+    A masked call that autograd records (training-time test, train/unroll.py) gets k and v
+    repeated per query head: on a GPU, flash attention takes no mask and the memory-efficient
+    kernel no grouped heads, so a masked grouped call would run the math kernel, whose fp32
+    scores [B, nH, S, L] stay saved until the backward. The repeated keys and values keep that
+    memory linear in L. Calls without autograd (decoding) stay grouped: no copy of the cache.
+    """
+    grouped = k.shape[1] != q.shape[1]
+    if grouped and mask is not None and torch.is_grad_enabled() and q.requires_grad:
+        repeat = q.shape[1] // k.shape[1]
+        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)  # [B, nH, L, D]
+        grouped = False
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=grouped)
 
 
 class DraftLayer(nn.Module):

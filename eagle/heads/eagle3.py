@@ -61,13 +61,20 @@ class Eagle3Head(nn.Module):
     def forward(
         self,
         features: torch.Tensor,  # [B, S, 3H] target layers, or [B, S, H] the head's own earlier states
-        token_embeds: torch.Tensor,  # [B, S, H] embeddings of x_{t+1}
-        position_ids: torch.Tensor,  # [B, S]
+        token_embeds: torch.Tensor | None = None,  # [B, S, H] embeddings of x_{t+1}
+        position_ids: torch.Tensor | None = None,  # [B, S]
         mask: torch.Tensor | None = None,  # [B or 1, 1, S, P+S] additive; None = causal
         past: KVCache | None = None,
         cache_rows: torch.Tensor | None = None,  # [S]: write into a preallocated `past` (eagle/heads/eagle2.py)
-    ) -> tuple[torch.Tensor, KVCache]:
-        """Return the states a_t [B, S, H] and the KV cache extended by S rows."""
+        logits_only: bool = False,
+    ) -> tuple[torch.Tensor, KVCache] | torch.Tensor:
+        """Return the states a_t [B, S, H] and the KV cache extended by S rows.
+
+        logits_only: `features` are head states [..., H]; return their draft-vocabulary logits
+        (`logits`). The trainer scores its token loss this way, through the forward of its DeepSpeed
+        engine, where ZeRO-3 has the partitioned weights gathered."""
+        if logits_only:
+            return self.logits(features)
         dtype = self.fc.weight.dtype
         hidden = features.to(dtype)
         if hidden.shape[-1] == self.fc.in_features:

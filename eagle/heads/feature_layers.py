@@ -44,3 +44,10 @@ def head_layers(configured: Iterable[int], num_layers: int) -> list[int]:
     if any(not -num_layers - 1 <= i <= num_layers for i in layers):
         raise ValueError(f"this EAGLE-3 head reads target layers {layers}, but the target has {num_layers} layers")
     return layers
+
+
+def target_feature_layers(head, target) -> list[int]:
+    """hidden_states indices a head reads from its target: an EAGLE-3 head's (`head_layers`), the last for EAGLE-1/2."""
+    if head.config.architecture != "eagle3":
+        return [LAST]
+    return head_layers(head.config.feature_layers, target.config.get_text_config().num_hidden_layers)

@@ -2,16 +2,18 @@
 
 Writes conf/model/NAME.yaml from what the converted folder says of the model (layers, hidden
 size, vocabulary, MLP width, parameters, maximum length, whether its tokenizer has a chat
-template), so `python -m data_prep +model=NAME` and `python -m train +model=NAME` work at once
-and `plan=true` has the sizes. A tokenizer without a chat template (a base model) gets the
+template, the Hub commit of a downloaded snapshot), so `python -m data_prep +model=NAME` and
+`python -m train +model=NAME` work at once and `plan=true` has the sizes. A tokenizer without a chat template (a base model) gets the
 shipped template of its family when there is one (eagle/targets/chat_templates), else the preset
 says so and loading stops with a one-line error naming the shipped templates.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
+from eagle.targets.hub import snapshot_commit
 from eagle.targets.tokenizer import TEMPLATE_DIR
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
@@ -20,8 +22,10 @@ FAMILY_TEMPLATES = {"gemma": "gemma", "gemma2": "gemma", "gemma3": "gemma", "gem
 MAX_LEN = 2048  # tokens per training conversation, EAGLE's; lower when the model's context is shorter
 
 
-def write_preset(name: str, path: str, folder: Path, conf: Path = CONF) -> Path:
-    """Write conf/model/NAME.yaml for the target `path` (converted or downloaded into `folder`)."""
+def write_preset(name: str, path: str, folder: Path, conf: Path = CONF, revision: str | None = None) -> Path:
+    """Write conf/model/NAME.yaml for the target `path` (converted or downloaded into `folder`).
+    A Hub snapshot pins the commit it holds (`model.revision`), so every node later reads the
+    same weights and chat template; else `revision` as given (None: null, a Hub id's main)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -30,6 +34,8 @@ def write_preset(name: str, path: str, folder: Path, conf: Path = CONF) -> Path:
     with torch.device("meta"):  # count parameters without allocating them
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
     template, note = _template(folder, config.model_type, text.vocab_size)
+    pinned = snapshot_commit(folder) or revision
+    note_revision = "the Hub commit every rank loads" if pinned else "a Hub id's commit to pin; null = main"
     lines = [
         "# @package _global_",
         f"# {path}: {config.model_type}, {text.num_hidden_layers} layers, hidden {text.hidden_size}, vocabulary "
@@ -37,6 +43,7 @@ def write_preset(name: str, path: str, folder: Path, conf: Path = CONF) -> Path:
         "model:",
         f"  name: {name}",
         f"  path: {path}",
+        f"  revision: {json.dumps(pinned) if pinned else 'null'}    # {note_revision}",
         "  dtype: bfloat16",
         f"  max_len: {min(MAX_LEN, getattr(text, 'max_position_embeddings', MAX_LEN) or MAX_LEN)}",
         f"  chat_template: {template}    # {note}",

@@ -8,9 +8,14 @@ tokenizer) in the cache directory, atomically; later calls return that folder at
     python -m eagle.targets smollm2-135m-instruct     # prints the folder
     python -m eagle.targets path/to/model.gguf        # converts it once, prints the folder
     python -m eagle.targets --preset NAME PATH        # writes conf/model/NAME.yaml (eagle/targets/preset.py)
+    python -m eagle.targets ORG/NAME --revision COMMIT   # a Hub id at a pinned commit
 
-Also where targets run (`local_device`) and where converted targets and stores live
-(`cache_dir`). Tokenizers are eagle/targets/tokenizer.py; the GGUF conversion eagle/targets/gguf.py.
+A Hub id resolves to a snapshot of the HF cache, at a pinned revision when the preset names one,
+and from the cache alone when the node is offline (eagle/targets/hub.py).
+
+Also where targets run (`local_device`), how they load there (`load_target`, `load_causal_lm`:
+straight onto an accelerator) and where converted targets and stores live (`cache_dir`).
+Tokenizers are eagle/targets/tokenizer.py; the GGUF conversion eagle/targets/gguf.py.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from eagle.targets.gguf import convert_gguf
+from eagle.targets.hub import find_snapshot, hub_patterns, hub_snapshot  # hub_patterns: also served from here
 from eagle.targets.packaged import packaged_file
 
 EMBEDDED_DEFAULT = "smollm2-135m-instruct"
@@ -33,12 +39,15 @@ _PACKAGED = {
 
 
 def local_device():
-    """This process's accelerator: cuda:LOCAL_RANK on a GPU node (torchrun / deepspeed set
-    LOCAL_RANK), else the CPU. Training, data_prep and the τ judge place the target here."""
+    """This process's accelerator: its CUDA device on a GPU node (eagle.common.distributed.device_index:
+    LOCAL_RANK, SLURM_LOCALID, OMPI_COMM_WORLD_LOCAL_RANK or RANK modulo the GPUs per node; the one
+    visible GPU of a one-GPU task), else the CPU. Training, data_prep and the τ judge place the target here."""
     import torch
 
+    from eagle.common.distributed import device_index
+
     if torch.cuda.is_available():
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        return torch.device("cuda", device_index())
     return torch.device("cpu")
 
 
@@ -47,8 +56,10 @@ def cache_dir() -> Path:
     return Path(os.environ.get("EAGLE_CACHE") or Path.home() / ".cache" / "eagle-pipeline").expanduser()
 
 
-def resolve_target(name_or_path: str | os.PathLike) -> Path:
-    """Return a local HF model folder for an alias, a folder, a GGUF file or a Hub repo id."""
+def resolve_target(name_or_path: str | os.PathLike, revision: str | None = None) -> Path:
+    """Return a local HF model folder for an alias, a folder, a GGUF file or a Hub repo id.
+    `revision`: a Hub id's branch, tag or commit (None: main; eagle/targets/hub.py); other
+    targets have none and ignore it."""
     name = str(name_or_path)
     if name in _PACKAGED:
         return _converted(lambda: packaged_file(*_PACKAGED[name]), name)
@@ -61,41 +72,7 @@ def resolve_target(name_or_path: str | os.PathLike) -> Path:
         return path
     if path.exists() or name.startswith((".", "/", "~")):
         raise FileNotFoundError(f"{name}: no such model folder")
-    return _from_hub(name)
-
-
-CONFIG_AND_TOKENIZER = ["*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken", "tokenizer*"]
-
-
-def hub_patterns(files: list[str]) -> list[str]:
-    """What to download of a Hub model repo listing `files`: config, tokenizer (SentencePiece
-    `tokenizer.model` included) and the weights in one format, safetensors when the repo has
-    them, else PyTorch `.bin` (e.g. lmsys/vicuna-*-v1.3 on its main branch)."""
-    if any(f.endswith(".safetensors") for f in files):
-        return CONFIG_AND_TOKENIZER + ["*.safetensors"]
-    if any(f.endswith(".bin") for f in files):
-        return CONFIG_AND_TOKENIZER + ["*.bin"]
-    raise FileNotFoundError(f"no model weights (*.safetensors or *.bin) among the repo's {len(files)} files")
-
-
-def _from_hub(repo_id: str) -> Path:
-    from huggingface_hub import HfApi, snapshot_download
-    from huggingface_hub.errors import GatedRepoError
-
-    try:
-        patterns = hub_patterns(HfApi().list_repo_files(repo_id))
-        return Path(snapshot_download(repo_id, allow_patterns=patterns))
-    except GatedRepoError:
-        raise FileNotFoundError(
-            f"target {repo_id!r} is gated on the Hub: accept its license on its Hub page with your account, "
-            "then set HF_TOKEN (or run `hf auth login`)"
-        ) from None
-    except Exception as e:  # offline or missing: say so in one line
-        raise FileNotFoundError(
-            f"target {repo_id!r} is neither an alias ({', '.join(_PACKAGED)}) nor a local folder, "
-            f"and the Hub download failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}). "
-            "Offline? Pass a local folder instead."
-        ) from None
+    return hub_snapshot(name, revision)
 
 
 def _converted(gguf: Callable[[], Path], name: str) -> Path:
@@ -118,15 +95,20 @@ def _converted(gguf: Callable[[], Path], name: str) -> Path:
     return out
 
 
-def local_target(name_or_path: str | os.PathLike) -> Path | None:
+def local_target(name_or_path: str | os.PathLike, revision: str | None = None) -> Path | None:
     """The target's HF folder when it is on this machine already (an alias or GGUF converted
-    before, or a folder), without converting or downloading anything; else None."""
+    before, a folder, or a Hub id's snapshot in the HF cache), without converting or downloading
+    anything; else None."""
     name = str(name_or_path)
     path = Path(name).expanduser()
     if name in _PACKAGED or (path.suffix == ".gguf" and path.is_file()):
         out = cache_dir() / "targets" / (name if name in _PACKAGED else _gguf_name(path))
         return out if (out / "config.json").exists() else None
-    return path if (path / "config.json").exists() else None
+    if (path / "config.json").exists():
+        return path
+    if path.exists() or name.startswith((".", "/", "~")) or name.count("/") != 1:
+        return None
+    return find_snapshot(name, revision)
 
 
 def _gguf_name(path: Path) -> str:
@@ -140,12 +122,22 @@ def load_target(target_dir: str | os.PathLike, dtype, device=None):
     or eager where the family needs it, e.g. Gemma-2's soft-capping): what data_prep, the
     decoder tools and the trainer's judge run. `dtype` is a torch dtype or its name; `device`
     defaults to this process's (`local_device`)."""
+    device = device if device is not None else local_device()
+    return load_causal_lm(target_dir, dtype, device).eval().requires_grad_(False)
+
+
+def load_causal_lm(target_dir: str | os.PathLike, dtype, device):
+    """AutoModelForCausalLM of `target_dir` in `dtype` on `device`. On an accelerator the weights
+    load straight onto it (a device map), so no full copy of the target is ever made in host
+    memory (8 ranks of a node would otherwise hold 8 of them at once); on the CPU, a plain load."""
     import torch
     from transformers import AutoModelForCausalLM
 
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype)
-    return model.to(device if device is not None else local_device()).eval().requires_grad_(False)
+    device = torch.device(device)
+    if device.type == "cpu":
+        return AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype)
+    return AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=dtype, device_map={"": device})
 
 
 def main(argv: list[str]) -> int:
@@ -156,10 +148,11 @@ def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="python -m eagle.targets", description=__doc__.splitlines()[0])
     ap.add_argument("target", help=f"an alias ({', '.join(_PACKAGED)}), a HF folder, a .gguf file or a Hub id")
     ap.add_argument("--preset", metavar="NAME", help="also write conf/model/NAME.yaml for +model=NAME")
+    ap.add_argument("--revision", metavar="COMMIT", help="a Hub id's commit hash (or branch, tag) to pin; default main")
     args = ap.parse_args(argv)
     try:
-        folder = resolve_target(args.target)
-        print(write_preset(args.preset, args.target, folder) if args.preset else folder)
+        folder = resolve_target(args.target, args.revision)
+        print(write_preset(args.preset, args.target, folder, revision=args.revision) if args.preset else folder)
     except (FileNotFoundError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -21,13 +21,23 @@ from pathlib import Path
 
 import torch
 
-from eagle.tuning.tuner import TreeBudget
+from eagle.tuning.tuner import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget
 from eagle.targets.resolve import cache_dir
 
 # Bump when the tuner's measurement changes, so old picks are not reused.
 VERSION = 5  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;
 #            4: the head and its scorer compiled (draft and rest of a step cost less);
 #            5: the plain step timed in the verify widths' rounds (it was timed back to back, too fast)
+
+
+def tuned_sizes(model) -> tuple[int, ...]:
+    """The tree sizes the tuner times for a model: compiled, a graph per size, so fewer."""
+    return SIZES if model.compiled is None else COMPILED_SIZES
+
+
+def key_of(model) -> dict:
+    """`budget_key` of a model as `EaModel.tune` times it (plain decoding a candidate unless it adds lookup)."""
+    return budget_key(model, tuned_sizes(model), DEPTHS, not model.settings.lookup)
 
 
 def budget_key(model, sizes, depths, plain: bool) -> dict:

@@ -86,9 +86,12 @@ class TreeBudget:
 
 
 def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, depths=DEPTHS,
-              steps_per_prompt: int = 16, repeats: int = 5, plain: bool = True) -> TreeBudget:
+              steps_per_prompt: int = 16, repeats: int = 5, plain: bool = True,
+              pause: Callable[[], None] | None = None) -> TreeBudget:
     """Measure acceptance and cost on this device; return the fastest (total_token, depth), where
-    total_token=1 is plain decoding (plain=False: trees only)."""
+    total_token=1 is plain decoding (plain=False: trees only). pause: called before each timed part
+    (a calibration step, a round of forwards)."""
+    pause = pause or (lambda: None)
     prompts = prompts if prompts is not None else calibration_prompts(model)
     sizes, depths = sorted(sizes), sorted(depths)
     accepted: dict[tuple[int, int], list[int]] = {(n, d): [] for n in sizes for d in depths}
@@ -97,17 +100,18 @@ def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, dep
     for ids in prompts:
         state, _ = model.prefill(ids)
         for _ in range(steps_per_prompt):
+            pause()
             state, seconds = _calibration_step(model, state, sizes, depths, accepted)
             rest.append(seconds)
     forwards: dict[object, Callable[[], None]] = {n: lambda n=n: _verify_only(model, state, n) for n in sizes}
     if plain:  # timed in the same rounds as the verify widths: alike, or a burst of load favours one side
         model.plain.prefill(state.ids[:, :-1])
         forwards[PLAIN] = lambda: _plain_only(model, state)
-    ms = fastest_ms(forwards, repeats)
+    ms = fastest_ms(forwards, repeats, pause)
     plain_ms = ms.pop(PLAIN, None)
     verify_ms = monotone_costs(ms)
     width = {n: draft_width(n, model.settings.top_k) for n in sizes}
-    draft_ms = _draft_costs(model, state, sorted(set(width.values())), depths, repeats)
+    draft_ms = _draft_costs(model, state, sorted(set(width.values())), depths, repeats, pause)
     rest_ms = max(0.0, statistics.median(rest) * 1e3)
     grid = []
     for (n, d), lengths in accepted.items():
@@ -129,14 +133,17 @@ def choose(grid: list[dict], tolerance: float = TOLERANCE) -> dict:
     return min(close, key=lambda r: (r["ms_per_step"], r["total_token"], r["depth"]))
 
 
-def fastest_ms(fns: dict[object, Callable[[], None]], rounds: int) -> dict[object, float]:
-    """Each fn's fastest wall time in ms over `rounds` rounds that call every fn in turn, after a warm-up round.
+def fastest_ms(fns: dict[object, Callable[[], None]], rounds: int,
+               pause: Callable[[], None] = lambda: None) -> dict[object, float]:
+    """Each fn's fastest wall time in ms over `rounds` rounds that call every fn in turn, after a warm-up round
+(`pause` before each call).
 
     Interleaving spreads a burst of outside load over all keys instead of one; the fastest
     round is the one least disturbed (load only ever adds time)."""
     best = {key: float("inf") for key in fns}
     for r in range(rounds + 1):
         for key, fn in fns.items():
+            pause()
             start = time.perf_counter()
             fn()
             if r:
@@ -223,10 +230,11 @@ def _verify_only(model, state, n: int) -> None:
     model.discard(state)
 
 
-def _draft_costs(model, state, widths: list[int], depths: list[int], rounds: int) -> dict[tuple[int, int], float]:
+def _draft_costs(model, state, widths: list[int], depths: list[int], rounds: int,
+                 pause: Callable[[], None]) -> dict[tuple[int, int], float]:
     """{(width, depth): ms} of drafting pools of each width (children per node) and depth; monotone in depth."""
     ms = fastest_ms({(k, d): lambda k=k, d=d: model.draft_candidates(state, d, k) for k in widths for d in depths},
-                    rounds)
+                    rounds, pause)
     out = {}
     for k in widths:
         out.update({(k, d): v for d, v in monotone_costs({d: ms[(k, d)] for d in depths}).items()})

@@ -1,0 +1,152 @@
+"""Reaching the tuned, compiled speed without making anyone wait: `Warmup`.
+
+`EaModel.from_pretrained` and `EaModel.from_modules` return once the weights are loaded. Until the
+model is ready it decodes through its eager runners (nothing to compile) with the tree budget
+cached for this machine, or `PROVISIONAL` when there is none. Meanwhile one background thread
+works on a second view of the model that drives the compiled runners (`EaModel.view`):
+
+1. **tune** `total_token="auto"` when no pick is cached (eagle/tuning/tuner.py). Its timed parts
+   run only while the model is not generating (`pause`), so the foreground decoding does not
+   distort them; the pick is cached for the next process (eagle/tuning/budget_cache.py);
+2. **compile** the chosen budget's graphs by decoding a calibration prompt (the tuner has
+   compiled most of them already).
+
+The model takes over the result at the start of its next generation (`EaModel.wait_ready()` at
+once). A failure in the thread leaves the model eager, with a warning. Background work on models
+that share a target runs one at a time, and a generation uses the compiled runners only while no
+warm-up holds them (`runner_lock`): compiled runners keep one KV cache per target.
+
+    warmup = Warmup(view, tune=True)        # EaModel starts it
+    warmup.idle.clear() ... warmup.idle.set()   # the model says when it generates
+    warmup.done.wait(); warmup.view.settings  # the tuned settings
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import weakref
+
+import torch
+from torch import nn
+
+from eagle.tuning.tuner import calibration_prompts
+
+log = logging.getLogger("eagle")
+PROVISIONAL = (4, 1)  # (total_token, depth) decoded with until a pick is tuned: the pick most heads get here
+FIRST_WAIT = 3.0  # seconds the background work waits for a first generation to begin (and then to end)
+COMPILE_TOKENS = 24  # new tokens of the calibration decoding that compiles the chosen shapes
+_LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
+_LOCKS_GUARD = threading.Lock()
+
+
+def runner_lock(target: nn.Module) -> threading.RLock:
+    """The lock of a target's compiled runners: held by a warm-up while it works and by each generation
+    that decodes through them (re-entrant: the warm-up's own calibration decoding takes it again)."""
+    with _LOCKS_GUARD:
+        if target not in _LOCKS:
+            _LOCKS[target] = threading.RLock()
+        return _LOCKS[target]
+
+
+def prepare_in_background(model, tune: bool):
+    """Start the model's `Warmup` (tune when asked, compile when the model compiles) and decode eagerly
+    until it ends; returns the model. Nothing to do: the model as it is."""
+    if not tune and model.compiled is None:
+        return model
+    view = model.view()  # its settings: the tuner's largest budget, or the budget to compile
+    if tune:
+        model.settings = model.settings.tuned(*PROVISIONAL)
+    model.use_runners(compiled=False)
+    model.warmup = Warmup(view, tune).start()
+    work = "tuning the draft tree for this machine and compiling" if tune else "compiling"
+    log.info("decoding eagerly with %s while %s in the background (%s)", model.settings.describe(), work,
+             "minutes, once per machine and head" if tune else "seconds to minutes, once per process")
+    return model
+
+
+def adopt(model) -> None:
+    """Take over a finished warm-up: its settings and tuning, and the compiled runners (unless it failed)."""
+    warmup, model.warmup = model.warmup, None
+    if warmup.error is not None:
+        return
+    model.settings, model.tuning = warmup.view.settings, warmup.view.tuning
+    model.use_runners(compiled=True)
+    log.info("ready after %.0f s of background preparation: %s%s", warmup.seconds, model.settings.describe(),
+             ", compiled forwards" if model.compiled is not None else "")
+
+
+@contextlib.contextmanager
+def generation(model):
+    """Around one generation: take over a finished warm-up; while one runs, mark the model busy (the
+    tuner waits); decoding through compiled runners holds their lock."""
+    if model.warmup is not None and model.warmup.done.is_set():
+        adopt(model)
+    warmup = model.warmup
+    if warmup is not None:
+        warmup.idle.clear()
+        try:
+            yield
+        finally:
+            warmup.idle.set()
+            warmup.generated.set()
+    elif model.runner is model.compiled and model.compiled is not None:
+        with runner_lock(model.target):
+            yield
+    else:
+        yield
+
+
+class Warmup:
+    """Tunes (when asked) and compiles a model view in a daemon thread; `done` is set when it ends."""
+
+    def __init__(self, view, tune: bool):
+        self.view, self.tune = view, tune
+        self.idle = threading.Event()  # set while the foreground model is not generating
+        self.idle.set()
+        self.generated = threading.Event()  # set when the model's first generation ends
+        self.done = threading.Event()
+        self.error: BaseException | None = None
+        self.seconds = 0.0
+        self.thread = threading.Thread(target=self._run, name="eagle-warmup", daemon=True)
+
+    def start(self) -> Warmup:
+        self.thread.start()
+        return self
+
+    def pause(self) -> None:
+        """Wait until the foreground model is not generating (the tuner calls it before each forward it
+        times or compiles): compiling beside a generation would slow it several-fold, and timing beside
+        one would measure both."""
+        self.idle.wait()
+
+    def _run(self) -> None:
+        start = time.perf_counter()
+        self.generated.wait(FIRST_WAIT)  # a reply asked for at once runs alone
+        self.pause()
+        try:
+            with runner_lock(self.view.target), torch.inference_mode():
+                if self.tune:
+                    self.view.tune(pause=self.pause)
+                if self.view.compiled is not None:
+                    self._compile()
+        except Exception as e:  # noqa: BLE001 - any failure leaves the model eager; the user is told why
+            self.error = e
+            log.warning("background preparation failed, decoding stays eager: %s: %s", type(e).__name__, e)
+        finally:
+            self.seconds = time.perf_counter() - start
+            self.done.set()
+
+    def _compile(self) -> None:
+        """Decode one calibration prompt with the chosen settings: compiles the graphs they use, a step at
+        a time while the model is idle."""
+        view = self.view
+        ids = calibration_prompts(view)[0].to(view.target.get_input_embeddings().weight.device)
+        method = "naive" if view.plain_decoding else "eagle"
+        before = sum(r.compile_seconds for r in view.runners)
+        for _ in view.generate(ids, max_new_tokens=COMPILE_TOKENS, method=method, stream=True):
+            self.pause()  # a step at a time: the foreground's generations go first
+        log.info("compiled the decoder's graphs for %s in %.0f s (in the background)",
+                 view.settings.describe(), sum(r.compile_seconds for r in view.runners) - before)
