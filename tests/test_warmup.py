@@ -125,3 +125,42 @@ def test_warmups_of_models_sharing_a_target_hold_one_lock(quick_tuner):
         time.sleep(0.3)
         assert not model.warmup.done.is_set()  # waits for the lock
     assert model.wait_ready(timeout=300)
+
+
+def test_a_generation_beside_a_running_compile_decodes_on_one_thread(quick_tuner):
+    target, head = near_bigram_pair(11)
+    model = EaModel.from_modules(target, head, settings=TreeSettings(top_k=4))
+    model.warmup.working = True  # as between two pauses of the thread
+    before, seen = torch.get_num_threads(), []
+    stream = model.ea_generate(prompt(2, 5), max_new_tokens=4)
+    next(stream)
+    seen.append(torch.get_num_threads())
+    list(stream)
+    assert seen == [1] and torch.get_num_threads() == before
+    model.wait_ready(300)
+
+
+def test_exit_stops_the_background_work_at_its_next_pause(quick_tuner):
+    """At exit the thread ends at a pause instead of being torn down inside a compile (which aborts)."""
+    target, head = near_bigram_pair(12)
+    model = EaModel.from_modules(target, head, settings=TreeSettings(top_k=4))
+    warmup = model.warmup
+    warmup.stop()
+    assert not warmup.thread.is_alive() and warmup.done.is_set()
+    assert model.wait_ready(1) and model.runner is model.eager  # stopped: stays eager, provisional budget
+    assert (model.settings.total_token, model.settings.depth) == PROVISIONAL
+
+
+def test_a_chat_piped_one_question_exits_cleanly_while_its_model_prepares(tiny_dir, tmp_path):
+    """`echo ... | python -m eagle.chat`, compiled and tuning by default, ends with status 0 right after
+    its reply (a thread torn down inside a compile aborted the interpreter with status 134)."""
+    import subprocess
+    import sys
+
+    from tests.tiny import ROOT, clean_env
+
+    out = subprocess.run([sys.executable, "-m", "eagle.chat", "--target", str(tiny_dir), "--random-head", "--dtype",
+                          "float32", "--max-new-tokens", "4"], input="Hi\n", capture_output=True, text=True,
+                         timeout=300, cwd=ROOT, env=clean_env(EAGLE_CACHE=str(tmp_path), EAGLE_COMPILE="1"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "[tau" in out.stderr and "in the background" in out.stderr

@@ -23,6 +23,7 @@ warm-up holds them (`runner_lock`): compiled runners keep one KV cache per targe
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import threading
@@ -80,16 +81,22 @@ def adopt(model) -> None:
 
 @contextlib.contextmanager
 def generation(model):
-    """Around one generation: take over a finished warm-up; while one runs, mark the model busy (the
-    tuner waits); decoding through compiled runners holds their lock."""
+    """Around one generation: take over a finished warm-up; while one runs, mark the model busy (its
+    next compile or timing waits) and decode on one thread if it is in the middle of one (OpenMP threads
+    waiting for a core the compiler holds made eager decoding ~10x slower); decoding through compiled
+    runners holds their lock."""
     if model.warmup is not None and model.warmup.done.is_set():
         adopt(model)
     warmup = model.warmup
     if warmup is not None:
         warmup.idle.clear()
+        threads = torch.get_num_threads()
+        if warmup.working:  # a compile (C++ compilers on every core) or a timing is under way: one thread
+            torch.set_num_threads(1)  # spins no idle OpenMP workers against it (this thread's setting only)
         try:
             yield
         finally:
+            torch.set_num_threads(threads)
             warmup.idle.set()
             warmup.generated.set()
     elif model.runner is model.compiled and model.compiled is not None:
@@ -97,6 +104,10 @@ def generation(model):
             yield
     else:
         yield
+
+
+class _Stopped(Exception):
+    """The process is exiting: the warm-up ends where it is."""
 
 
 class Warmup:
@@ -107,6 +118,8 @@ class Warmup:
         self.idle = threading.Event()  # set while the foreground model is not generating
         self.idle.set()
         self.generated = threading.Event()  # set when the model's first generation ends
+        self.working = False  # True while the thread compiles or times (between two `pause` calls)
+        self.stopping = False  # set at exit: the thread ends at its next pause
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.seconds = 0.0
@@ -114,29 +127,50 @@ class Warmup:
 
     def start(self) -> Warmup:
         self.thread.start()
+        atexit.register(self.stop)
         return self
+
+    def stop(self) -> None:
+        """End the thread at its next pause and wait for it (at exit: a thread torn down inside a compile
+        aborts the interpreter). A graph being compiled is finished first."""
+        if not self.thread.is_alive():
+            return
+        if self.working:
+            log.info("stopping the background preparation (after the graph it is compiling)")
+        self.stopping = True
+        self.idle.set()
+        self.generated.set()
+        self.thread.join()
 
     def pause(self) -> None:
         """Wait until the foreground model is not generating (the tuner calls it before each forward it
         times or compiles): compiling beside a generation would slow it several-fold, and timing beside
         one would measure both."""
+        self.working = False
         self.idle.wait()
+        if self.stopping:
+            raise _Stopped
+        self.working = True
 
     def _run(self) -> None:
         start = time.perf_counter()
-        self.generated.wait(FIRST_WAIT)  # a reply asked for at once runs alone
-        self.pause()
         try:
+            self.generated.wait(FIRST_WAIT)  # a reply asked for at once runs alone
+            self.pause()
             with runner_lock(self.view.target), torch.inference_mode():
                 if self.tune:
                     self.view.tune(pause=self.pause)
                 if self.view.compiled is not None:
                     self._compile()
+        except _Stopped:
+            self.error = _Stopped()
         except Exception as e:  # noqa: BLE001 - any failure leaves the model eager; the user is told why
             self.error = e
             log.warning("background preparation failed, decoding stays eager: %s: %s", type(e).__name__, e)
         finally:
             self.seconds = time.perf_counter() - start
+            self.working = False
+            atexit.unregister(self.stop)  # the exit hook would keep the model alive
             self.done.set()
 
     def _compile(self) -> None:
