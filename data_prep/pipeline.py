@@ -6,6 +6,12 @@ and resolves the target once unless the caller passes the job's resolved target.
 the input is cut into fixed slices of `data.shard_records` conversations, slice k becomes
 `shard-k`, and a shard that already exists is kept. With several processes (torchrun), rank r
 computes shards k ≡ r (mod world) and rank 0 writes the manifest once all are done.
+
+Per rank, the target's forward of shard k+1 runs while shard k goes to disk on a writer thread
+(data_prep/shard_writer.py); a shard is held once in host memory (data_prep/shard_buffer.py), so
+at most two are: the one being written and the one being filled. Each shard is hashed as it is
+written (data_prep/shard_file.py), never read back. At its start a rank removes the temporary
+files a killed writer left for its shards (data_prep/stale_files.py).
 """
 
 from __future__ import annotations
@@ -30,7 +36,10 @@ from data_prep.target_forward import compute_records
 from eagle.common.locks import exclusive
 from data_prep.plan import check_fits, store_plan
 from data_prep.reuse import Donors, link_shard
+from data_prep.shard_writer import ShardWriter
+from data_prep.stale_files import remove_stale
 from data_prep.store import (
+    MANIFEST,
     new_manifest,
     read_manifest,
     shard_entry,
@@ -42,6 +51,8 @@ from data_prep.template import template_hash, tokenize_chunk
 from eagle.targets.resolve import load_target
 
 log = logging.getLogger("data_prep")
+
+BACKGROUND_WRITES = True  # write shard k on a thread while shard k+1's forward runs (data_prep/shard_writer.py)
 
 
 @dataclass
@@ -92,11 +103,13 @@ def _prepare(prep: PrepConfig, target: TargetFiles | None, rank: int, world: int
         log.info("store %s is complete (%d records); nothing to do", out, manifest["records"])
         return out
     job = open_job(prep, target or resolve(prep.model), rank, world)
+    n_shards = -(-len(job.conversations) // prep.data.shard_records)
+    mine = [k for k in range(n_shards) if k % world == rank]
+    remove_stale(out, {shard_name(k) for k in mine} | ({MANIFEST} if rank == 0 else set()))  # before the disk check
     plan = store_plan(prep, job.target_dir, job.tokenizer, job.conversations)  # before any target forward
     log.info("plan: %s", "; ".join(plan.lines()))
     check_fits(plan, written=sum(p.stat().st_size for p in out.glob("shard-*.safetensors")))
-    n_shards = -(-len(job.conversations) // prep.data.shard_records)
-    job.entries = _finished(out, manifest, [k for k in range(n_shards) if k % world == rank])
+    job.entries = _finished(out, manifest, mine)
     if rank == 0:
         write_manifest(out, _manifest(job, key, n_shards, complete=False))
     model = load_target(job.target_dir, prep.model.dtype)
@@ -174,6 +187,7 @@ def _target_info(prep: PrepConfig, target_dir: Path) -> dict:
 
 
 def _run_shards(prep: PrepConfig, job: Job, model, n_shards: int, key: str) -> dict:
+    """Compute and write this rank's missing shards; shard k is written while shard k+1's forward runs."""
     mine = [k for k in range(n_shards) if k % job.world == job.rank]
     todo = [k for k in mine if not (job.out / shard_name(k)).exists()]
     if len(todo) < len(mine):
@@ -181,34 +195,39 @@ def _run_shards(prep: PrepConfig, job: Job, model, n_shards: int, key: str) -> d
     hidden = model.config.get_text_config().hidden_size
     pad_id = job.tokenizer.pad_token_id if job.tokenizer.pad_token_id is not None else 0
     m, d = prep.model, prep.data
+    dtype = getattr(torch, m.dtype)
     R = d.shard_records
     donors = Donors(d.reuse, job.target, template_hash(job.tokenizer), d.batch_tokens)
     reused = 0
     bar = tqdm(total=sum(len(job.conversations[k * R:(k + 1) * R]) for k in todo), unit="conv",
                desc=f"features{f' rank {job.rank}' if job.world > 1 else ''}", dynamic_ncols=True)
     tokens, start = 0, time.perf_counter()
-    for k in todo:
-        chunk = job.conversations[k * R:(k + 1) * R]
-        tokenized, skipped = tokenize_chunk(job.tokenizer, chunk, m.max_len)
-        donor = donors.find(tokenized, skipped)
-        if donor is not None:
-            link_shard(donor, job.out / shard_name(k))
-            job.entries[k] = shard_entry(job.out / shard_name(k))
-            reused += 1
-            bar.update(len(chunk))
-            continue
 
-        def progress(n_tokens: int, n_rows: int) -> None:
-            nonlocal tokens
-            tokens += n_tokens
-            bar.update(n_rows)
-            bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - start):.0f}")
+    def progress(n_tokens: int, n_rows: int) -> None:
+        nonlocal tokens
+        tokens += n_tokens
+        bar.update(n_rows)
+        bar.set_postfix(tok_s=f"{tokens / (time.perf_counter() - start):.0f}")
 
-        records = compute_records(model, tokenized, list(m.feature_layers), d.batch_tokens, pad_id, progress)
-        job.entries[k] = write_shard(job.out / shard_name(k), records, hidden, getattr(torch, m.dtype), dict(skipped))
-        bar.update(len(chunk) - len(tokenized))  # the skipped ones
+    def written(k: int, entry: dict) -> None:  # in this thread, once shard k is on disk
+        job.entries[k] = entry
         if job.world == 1:
             write_manifest(job.out, _manifest(job, key, n_shards, complete=False))
+
+    with ShardWriter(written, background=BACKGROUND_WRITES) as writer:
+        for k in todo:
+            chunk = job.conversations[k * R:(k + 1) * R]
+            tokenized, skipped = tokenize_chunk(job.tokenizer, chunk, m.max_len)
+            donor = donors.find(tokenized, skipped)
+            if donor is not None:
+                written(k, link_shard(donor, job.out / shard_name(k)))
+                reused += 1
+                bar.update(len(chunk))
+                continue
+            shard = compute_records(model, tokenized, list(m.feature_layers), d.batch_tokens, pad_id, progress, dtype)
+            writer.submit(k, job.out / shard_name(k), write_shard, shard, hidden, dtype, dict(skipped))
+            del shard  # the writer holds it until it is on disk
+            bar.update(len(chunk) - len(tokenized))  # the skipped ones
     bar.close()
     if donors.shards:
         log.info("reused %d of %d shards from data.reuse", reused, len(todo))

@@ -4,7 +4,8 @@ A draft head learns the target's distribution best from text the target wrote. E
 conversation keeps its user turns; turn by turn, the target answers the preceding turns
 (its own earlier answers included) in batched generation. Results are saved as JSONL
 chunks next to the store (`regenerated/chunk-NNNNN.jsonl`, written whole then renamed), so
-an interrupted run resumes by chunk, and several ranks split the chunks.
+an interrupted run resumes by chunk, and several ranks split the chunks; at its start a rank
+removes the temporary chunk files a killed run left for its chunks (data_prep/stale_files.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from transformers import DynamicCache
 from eagle.common import distributed
 from data_prep.conversations import Conversation
 from data_prep.data_config import PrepConfig, RegenConfig
+from data_prep.stale_files import remove_stale
+from data_prep.store import tmp_path
 from eagle.targets.resolve import load_target
 from eagle.targets.tokenizer import eos_token_ids
 from eagle.decoding.verify import SamplingParams, sample
@@ -36,6 +39,7 @@ def regenerate(prep: PrepConfig, target_dir: Path, tokenizer, conversations: lis
     out.mkdir(parents=True, exist_ok=True)
     size = prep.data.shard_records
     n_chunks = -(-len(conversations) // size)
+    remove_stale(out, {_chunk_path(out, k).name for k in range(rank, n_chunks, world)})  # what a killed rank left
     todo = [k for k in range(rank, n_chunks, world) if not _chunk_path(out, k).exists()]
     if todo:
         model = load_target(target_dir, prep.model.dtype)
@@ -158,11 +162,15 @@ def _chunk_path(out: Path, k: int) -> Path:
 
 
 def _write_chunk(path: Path, chunk: list[Conversation]) -> None:
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for c in chunk:
-            f.write(json.dumps({"id": c.id, "index": c.index, "messages": c.messages}, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    tmp = tmp_path(path)
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            for c in chunk:
+                f.write(json.dumps({"id": c.id, "index": c.index, "messages": c.messages}, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _read_chunk(path: Path) -> list[Conversation]:

@@ -6,7 +6,8 @@ sources begin with the conversations of an older store (the same regenerated cha
 new files), its first shards hold the very same records, and recomputing them is a full
 target forward for nothing. Before computing shard k the pipeline asks `Donors.find` for
 a donor shard with the same token ids, loss masks and skip counts; if there is one, the
-file is hard-linked (or copied) into the new store.
+file is hard-linked (or copied) into the new store, and its entry in the donor's manifest
+(hash included) becomes the new shard's: the linked bytes are not hashed again.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import shutil
 from collections import Counter
 from pathlib import Path
 
+from typing import NamedTuple
+
 import torch
 from safetensors import safe_open
 
-from data_prep.store import read_manifest
+from data_prep.store import read_manifest, shard_entry, tmp_path
 
 log = logging.getLogger("data_prep")
 
@@ -54,15 +57,25 @@ def file_fingerprint(path: Path) -> str:
         return fingerprint(f.get_tensor("input_ids"), f.get_tensor("loss_mask"), offsets[1:] - offsets[:-1], skipped)
 
 
+_ENTRY_KEYS = {"file", "skipped", "records", "tokens", "loss_tokens", "sha256"}  # a whole manifest entry
+
+
+class Donor(NamedTuple):
+    """A finished shard of another store and its entry in that store's manifest."""
+
+    path: Path
+    entry: dict
+
+
 class Donors:
     """Shards of other complete stores, by fingerprint, that may stand in for new ones."""
 
     def __init__(self, dirs, target: dict, template_sha: str, batch_tokens: int):
-        self.shards: dict[str, Path] = {}
+        self.shards: dict[str, Donor] = {}
         for d in map(Path, dirs):
             if self._usable(d, target, template_sha, batch_tokens):
                 for entry in read_manifest(d)["shards"]:
-                    self.shards.setdefault(file_fingerprint(d / entry["file"]), d / entry["file"])
+                    self.shards.setdefault(file_fingerprint(d / entry["file"]), Donor(d / entry["file"], entry))
 
     @staticmethod
     def _usable(d: Path, target: dict, template_sha: str, batch_tokens: int) -> bool:
@@ -83,17 +96,27 @@ class Donors:
             log.info("data.reuse: %s does not record its batch budget; taken to be data.batch_tokens=%d", d, batch_tokens)
         return True
 
-    def find(self, tokenized: list[tuple[list[int], list[int]]], skipped: Counter) -> Path | None:
+    def find(self, tokenized: list[tuple[list[int], list[int]]], skipped: Counter) -> Donor | None:
         if not self.shards:
             return None
         return self.shards.get(tokenized_fingerprint(tokenized, skipped))
 
 
-def link_shard(src: Path, dst: Path) -> None:
-    """Put `src` at `dst` atomically: a hard link when the filesystem allows, else a copy."""
-    tmp = dst.with_name(dst.name + f".tmp-{os.getpid()}")
+def link_shard(donor: Donor, dst: Path) -> dict:
+    """Put the donor's shard at `dst` atomically (a hard link when the filesystem allows, else a
+    copy); return its manifest entry under the new name (read from the file when the donor's
+    manifest lacks a field)."""
+    tmp = tmp_path(dst)
     try:
-        os.link(src, tmp)
-    except OSError:
-        shutil.copyfile(src, tmp)
-    os.replace(tmp, dst)
+        try:
+            os.link(donor.path, tmp)
+        except OSError:
+            shutil.copyfile(donor.path, tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    if _ENTRY_KEYS <= donor.entry.keys():
+        return {**donor.entry, "file": dst.name}
+    return shard_entry(dst)
+

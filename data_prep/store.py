@@ -9,8 +9,9 @@ Writer side (`write_shard`, `write_manifest`) is used by data_prep; reader side
     aux_hidden_states  [T, K*H]   bf16    (only when extra layers are captured, EAGLE-3)
     offsets            [N+1]      int64   (record i is rows offsets[i]:offsets[i+1])
 
-Shards are written to a temporary name and renamed when whole, so a file named
-`shard-NNNNN.safetensors` is always complete.
+Shards are written to a temporary name (`NAME.tmp-PID`) and renamed when whole, so a file named
+`shard-NNNNN.safetensors` is always complete; the next run removes what a killed writer left
+(data_prep/stale_files.py).
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
+
+from data_prep.shard_buffer import ShardBuffer
+from data_prep.shard_file import write_safetensors
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
+TMP = ".tmp-"  # NAME.tmp-PID: a file being written by process PID (data_prep/stale_files.py)
 
 
 def shard_name(index: int) -> str:
@@ -47,44 +51,47 @@ class Record:
 
 def write_shard(
     path: Path,
-    records: list[Record],
+    shard: ShardBuffer | list[Record],
     hidden_size: int,
     dtype: torch.dtype = torch.bfloat16,
     skipped: dict[str, int] | None = None,
 ) -> dict:
-    """Write records as one shard, atomically; return its manifest entry.
+    """Write one shard (a filled ShardBuffer, or records) atomically; return its manifest entry.
 
-    `skipped` (reason -> count) travels in the file's metadata, so the manifest can be
-    rebuilt from finished shards alone after an interruption. A shard whose conversations
-    were all skipped is written empty (it still marks its slice of the input as done).
+    The entry comes from the tensors in memory and the hash of the bytes as they were written:
+    the file is not read back. `skipped` (reason -> count) travels in the file's metadata, so the
+    manifest can be rebuilt from finished shards alone after an interruption. A shard whose
+    conversations were all skipped is written empty (it still marks its slice of the input as done).
     """
-    lengths = torch.tensor([len(r.input_ids) for r in records], dtype=torch.int64)
-    offsets = torch.zeros(len(records) + 1, dtype=torch.int64)
-    offsets[1:] = torch.cumsum(lengths, 0)
-
-    def cat(parts: list[torch.Tensor], empty: torch.Tensor) -> torch.Tensor:
-        return torch.cat(parts).contiguous() if parts else empty
-
-    tensors = {
-        "input_ids": cat([r.input_ids for r in records], torch.zeros(0)).to(torch.int32),
-        "loss_mask": cat([r.loss_mask for r in records], torch.zeros(0)).to(torch.uint8),
-        "hidden_states": cat([r.hidden_states for r in records], torch.zeros(0, hidden_size)).to(dtype),
-        "offsets": offsets,
-    }
-    if records and records[0].aux_hidden_states is not None:
-        tensors["aux_hidden_states"] = cat([r.aux_hidden_states for r in records], torch.zeros(0)).to(dtype)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    if not isinstance(shard, ShardBuffer):
+        shard = ShardBuffer.of_records(shard, dtype)
+    shard.wait()  # features copied from a GPU have landed
+    tensors = shard.tensors(hidden_size, dtype)
+    skipped_json = json.dumps(skipped or {}, sort_keys=True)
+    tmp = tmp_path(path)
     need = sum(t.numel() * t.element_size() for t in tensors.values())
     _check_space(path, need)
     try:
-        save_file(tensors, str(tmp), metadata={"skipped": json.dumps(skipped or {}, sort_keys=True)})
-    except OSError as e:
+        digest = write_safetensors(tmp, tensors, metadata={"skipped": skipped_json})
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
-        if e.errno == errno.ENOSPC:
+        if isinstance(e, OSError) and e.errno == errno.ENOSPC:
             raise OutOfSpace(_space_message(path, need)) from None
         raise
     os.replace(tmp, path)
-    return shard_entry(path)
+    return {
+        "file": path.name,
+        "skipped": json.loads(skipped_json),
+        "records": shard.records,
+        "tokens": shard.tokens,
+        "loss_tokens": int(shard.loss_mask.sum()),
+        "sha256": digest,
+    }
+
+
+def tmp_path(path: Path) -> Path:
+    """Where this process writes `path` before renaming it: NAME.tmp-PID beside it."""
+    return path.with_name(f"{path.name}{TMP}{os.getpid()}")
 
 
 class OutOfSpace(OSError):
@@ -128,9 +135,13 @@ def sha256_file(path: Path) -> str:
 
 
 def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    tmp = tmp_path(path)
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_manifest(directory: str | Path) -> dict | None:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import torch
 
-from data_prep.store import Record
+from data_prep.shard_buffer import ShardBuffer
 from eagle.heads.feature_layers import fused_layers
 
 
@@ -60,24 +60,27 @@ def compute_records(
     batch_tokens: int,
     pad_id: int,
     on_batch=None,
-) -> list[Record]:
-    """Records in input order, computed in length-bucketed batches."""
+    dtype: torch.dtype | None = None,
+) -> ShardBuffer:
+    """The shard of `tokenized` (records in input order), computed in length-bucketed batches.
+
+    Each record's rows are copied from the batch's output straight into their slice of one
+    preallocated ShardBuffer (features in `dtype`, default the target's), so the shard is held
+    once. On a GPU the copies are asynchronous, into page-locked memory: the loop queues the next
+    batch's forward at once, and the buffer is sealed after the last copy (the writer waits for it)."""
     device = next(model.parameters()).device
-    out: list[Record | None] = [None] * len(tokenized)
+    shard = ShardBuffer([len(ids) for ids, _ in tokenized], pin=device.type == "cuda")
     for batch in bucket_batches([len(t[0]) for t in tokenized], batch_tokens):
-        ids, attn = pad_batch([tokenized[i][0] for i in batch], pad_id)
-        last, aux = target_features(model, ids.to(device), attn.to(device), feature_layers)
+        ids, attn = pad_batch([tokenized[i][0] for i in batch], pad_id)  # [B, S]
+        last, aux = target_features(model, ids.to(device), attn.to(device), feature_layers)  # [B, S, H], [B, S, K*H]
         for row, i in enumerate(batch):
             n = len(tokenized[i][0])
-            out[i] = Record(
-                input_ids=ids[row, :n].clone(),
-                loss_mask=torch.tensor(tokenized[i][1], dtype=torch.uint8),
-                hidden_states=last[row, :n].cpu().clone(),
-                aux_hidden_states=None if aux is None else aux[row, :n].cpu().clone(),
-            )
+            mask = torch.tensor(tokenized[i][1], dtype=torch.uint8)  # [n]
+            shard.put(i, ids[row, :n], mask, last[row, :n], None if aux is None else aux[row, :n], dtype)
         if on_batch is not None:
             on_batch(sum(len(tokenized[i][0]) for i in batch), len(batch))
-    return out  # type: ignore[return-value]
+    shard.seal()
+    return shard
 
 
 def iter_batches(tokenized: list[list[int]], batch_tokens: int, pad_id: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:

@@ -32,7 +32,9 @@ from train.head_config import check_store
 
 @dataclass
 class StoreFeatures:
-    """Offline: features read from the store at `store_dir` (what data_prep wrote)."""
+    """Offline: features read from the store at `store_dir` (what data_prep wrote): one shared folder
+    or this node's copy of it (train/store_copies.py). A rank reads, through memory maps, the feature
+    rows of its own micro-batches only (docs/reliability.md, "What a rank reads")."""
 
     records: FeatureStore
     store_dir: str

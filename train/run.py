@@ -1,20 +1,25 @@
-"""One command, the whole job: make sure the feature store exists, train, export, push."""
+"""One command, the whole job: make sure the feature store exists, train, export, push.
+
+On several nodes: the store may be one shared folder or a copy per node (train/store_copies.py),
+and output_dir one shared folder or one per node (train/output_layout.py); online training
+(train.features=online) reads no store at all. docs/reliability.md has the contracts.
+"""
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 from pathlib import Path
 
 from omegaconf import DictConfig
 
-from eagle.common import distributed
 from eagle.common.locks import exclusive
 from data_prep.data_config import TargetFiles, prep_config, resolve
 from data_prep.store import is_complete
 from train.config import validate
 from train.engine import init_distributed
+from train.output_layout import output_layout, use_layout
+from train.store_copies import agree_on_store
 
 log = logging.getLogger("train")
 
@@ -24,12 +29,13 @@ def ensure_store(cfg: DictConfig, target: TargetFiles | None = None) -> Path:
     resolved target (data_prep resolves it when None).
 
     Every rank calls it: data_prep splits the shards over the ranks of a torchrun job itself.
-    The ranks first agree that they see one store_dir, so they agree on whether it is complete.
+    The ranks first compare what they see (train/store_copies.py): one complete store, shared or
+    copied to each node, is read as it is; a store missing everywhere is built by data_prep, in a
+    folder every rank must share; anything else stops every rank with one line.
     """
     store_dir = Path(cfg.store_dir)
     init_distributed()
-    distributed.check_shared(store_dir, "store_dir")
-    if is_complete(store_dir):
+    if agree_on_store(store_dir):
         return store_dir
     from data_prep.pipeline import prepare  # lazy: data_prep is only needed to build stores
 
@@ -48,7 +54,10 @@ def run(cfg: DictConfig):
     target = resolve(prep_config(cfg).model)  # once for the job: data_prep, the features, the head, τ
     if cfg.train.features == "store":  # online reads the conversations itself (train/feature_source.py)
         ensure_store(cfg, target)
-    with exclusive(cfg.output_dir, "training run", take=int(os.environ.get("RANK", "0")) == 0):
+    init_distributed()
+    layout = output_layout(cfg.output_dir)  # one folder for all ranks, or one per node (train/output_layout.py)
+    use_layout(cfg, layout)
+    with exclusive(cfg.output_dir, "training run", take=layout.writer):  # rank 0, or each node's first rank
         trainer = Trainer(cfg, target)
         result = trainer.fit()
     if trainer.rank == 0:

@@ -26,7 +26,6 @@ from itertools import islice
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from omegaconf import DictConfig, OmegaConf
 from tqdm import tqdm
 
@@ -37,7 +36,7 @@ from data_prep.prompt_sets import held_back_prompts
 from eagle.heads.checkpoint import load_head
 from eagle.targets.resolve import local_device
 from eagle.heads.draft_vocab import draft_vocab_size
-from train.checkpoints import check_resumable, prune_checkpoints, resume_from, step_tag
+from train.checkpoints import check_resumable, resume_from, save_checkpoint, step_tag
 from train.data import Batch, BatchPlan, length_batches, loader, loader_settings, split_indices
 from train.engine import build_engine, compute_dtype, ds_config, full_state_dict, init_distributed
 from train.export import CardInfo, export_head, model_card
@@ -46,6 +45,7 @@ from train.frozen import Frozen, frozen_of, load_frozen
 from train.head_config import draft_config
 from train.head_init import initial_head, start_from_target
 from train.judge import Judge, judge_wanted
+from train.output_layout import output_layout, use_layout
 from train.loss import LossOutput, Pairs, eagle3_loss, eagle_loss, make_pairs, summarize, uniform_noise, vocab_target
 from train.tracking import Tracker, code_version
 from train.unroll import unrolled_forward
@@ -75,7 +75,7 @@ class Trainer:
         prep = prep_config(cfg)
         self.rank, self.world = init_distributed()
         self.output_dir = Path(cfg.output_dir)
-        distributed.check_shared(self.output_dir, "output_dir")  # every rank decides alike whether to resume
+        use_layout(cfg, output_layout(self.output_dir))  # shared, or one folder per node: ranks resume alike
         self.ckpt_dir = self.output_dir / CHECKPOINTS
         self.target = target or resolve(prep.model)
         self.target_dir = self.target.folder
@@ -282,11 +282,8 @@ class Trainer:
         state = {"step": self.step, "micro_step": self.step * self.cfg.train.grad_accum,
                  "world_size": self.world, "seed": self.cfg.seed, "wandb_id": self.wandb_id,
                  "store": self._store_identity()}
-        self.engine.save_checkpoint(str(self.ckpt_dir), tag=tag, client_state=state)
+        save_checkpoint(self.engine, self.ckpt_dir, tag, state, self.cfg.train.keep_last)  # `latest` once whole
         self._saved_step = self.step
-        if self.rank == 0:
-            prune_checkpoints(self.ckpt_dir, self.cfg.train.keep_last)
-        dist.barrier()
         return self.ckpt_dir / tag
 
     def _store_identity(self) -> str:
