@@ -138,10 +138,16 @@ class LiveBytes(TorchDispatchMode):
 
 
 def live_tensors() -> dict[int, torch.Tensor]:
-    """Every tensor Python holds, one per storage."""
+    """Every real tensor Python holds, one per storage (fake tensors that earlier compiles left have no data)."""
     gc.collect()
-    return {t.untyped_storage().data_ptr(): t for t in gc.get_objects()
-            if isinstance(t, torch.Tensor) and t.device.type != "meta"}
+    out = {}
+    for t in gc.get_objects():
+        if isinstance(t, torch.Tensor) and t.device.type != "meta":
+            try:
+                out[t.untyped_storage().data_ptr()] = t
+            except RuntimeError:  # FakeTensor / FunctionalTensor
+                continue
+    return out
 
 
 @pytest.fixture(scope="module")

@@ -164,3 +164,23 @@ def test_a_chat_piped_one_question_exits_cleanly_while_its_model_prepares(tiny_d
                          timeout=300, cwd=ROOT, env=clean_env(EAGLE_CACHE=str(tmp_path), EAGLE_COMPILE="1"))
     assert out.returncode == 0, out.stderr[-2000:]
     assert "[tau" in out.stderr and "in the background" in out.stderr
+
+
+def test_the_background_thread_may_compile_a_graph_per_shape(quick_tuner):
+    """Dynamo's config is per thread (a new one starts at recompile_limit 8): the warm-up raises its own."""
+    import torch._dynamo
+
+    seen = []
+    real = eagle.model.tune_tree
+
+    def spy(model, *args, **kwargs):
+        seen.append(torch._dynamo.config.recompile_limit)
+        return real(model, *args, **kwargs)
+
+    eagle.model.tune_tree = spy
+    try:
+        target, head = near_bigram_pair(14)
+        assert EaModel.from_modules(target, head, settings=TreeSettings(top_k=4)).wait_ready(300)
+    finally:
+        eagle.model.tune_tree = real
+    assert seen and seen[0] >= 64

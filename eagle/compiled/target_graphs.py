@@ -57,7 +57,15 @@ from eagle.decoding.tree import Tree
 log = logging.getLogger("eagle")
 BUCKET = 256  # rows of the smallest cache
 AUTOTUNED_ROWS = 4  # forwards of up to this many rows autotune their matmuls (_options)
-torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)  # a graph per shape
+
+
+def allow_a_graph_per_shape() -> None:
+    """Raise dynamo's recompile limit (8) to 64 in this thread: one code object compiles a graph per
+    shape. Dynamo's config is per thread, so a thread that compiles calls this itself."""
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+
+
+allow_a_graph_per_shape()
 _RUNNERS: weakref.WeakKeyDictionary[nn.Module, CompiledTarget] = weakref.WeakKeyDictionary()
 
 

@@ -33,6 +33,7 @@ import weakref
 import torch
 from torch import nn
 
+from eagle.compiled.target_graphs import allow_a_graph_per_shape
 from eagle.tuning.tuner import calibration_prompts
 
 log = logging.getLogger("eagle")
@@ -157,6 +158,7 @@ class Warmup:
         try:
             self.generated.wait(FIRST_WAIT)  # a reply asked for at once runs alone
             self.pause()
+            allow_a_graph_per_shape()  # dynamo's config is per thread
             with runner_lock(self.view.target), torch.inference_mode():
                 if self.tune:
                     self.view.tune(pause=self.pause)
