@@ -95,13 +95,9 @@ def _stores(rank: int, cases: list[list[str]], out: Path) -> None:
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(target_dir, store_dir) of a tiny random target and a complete store of it."""
-    from tests.tiny import tiny_llama, write_tiny_store
+    from tests.tiny import tiny_target_and_store
 
-    base = tmp_path_factory.mktemp("tiny")
-    model = tiny_llama(seed=0)
-    model.save_pretrained(base / "target")
-    write_tiny_store(model, base / "store", records=48, target_path=str(base / "target"))
-    return base / "target", base / "store"
+    return tiny_target_and_store(tmp_path_factory.mktemp("tiny"))
 
 
 def copies(store: Path, base: Path) -> list[Path]:

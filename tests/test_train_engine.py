@@ -19,7 +19,8 @@ from eagle.common.distributed import free_port
 from data_prep.store import FeatureStore
 from eagle.heads.checkpoint import load_head, write_draft_vocab
 from eagle.heads.draft_vocab import ranked_ids
-from tests.tiny import ROOT, clean_env, kill_once_checkpointed, lock_held_elsewhere, tiny_llama, write_tiny_store
+from tests.tiny import (ROOT, clean_env, kill_once_checkpointed, lock_held_elsewhere, tiny_llama, tiny_target_and_store,
+                        write_tiny_store)
 from train.checkpoints import step_tag
 from train.config import validate
 from train.trainer import Trainer
@@ -31,11 +32,7 @@ PY = sys.executable
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """(target_dir, store_dir) shared by the tests of this module."""
-    base = tmp_path_factory.mktemp("tiny")
-    model = tiny_llama(seed=0)
-    model.save_pretrained(base / "target")
-    write_tiny_store(model, base / "store", records=48, target_path=str(base / "target"))
-    return base / "target", base / "store"
+    return tiny_target_and_store(tmp_path_factory.mktemp("tiny"))
 
 
 def overrides(tiny, out: Path, *extra: str) -> list[str]:

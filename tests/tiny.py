@@ -230,3 +230,11 @@ def lock_held_elsewhere(folder: Path, what: str) -> Iterator[subprocess.Popen]:
     finally:
         holder.kill()
         holder.wait()
+
+
+def tiny_target_and_store(base: Path) -> tuple[Path, Path]:
+    """(target_dir, store_dir) under `base`: a tiny random target (seed 0) and a complete 48-record store of it."""
+    model = tiny_llama(seed=0)
+    model.save_pretrained(base / "target")
+    write_tiny_store(model, base / "store", records=48, target_path=str(base / "target"))
+    return base / "target", base / "store"
