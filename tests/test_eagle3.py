@@ -37,6 +37,25 @@ def test_forward_fuses_wide_inputs_and_feeds_back_its_own_states():
     assert head.logits(out).shape == (1, 5, head.config.draft_vocab_size)
 
 
+@torch.no_grad()
+def test_speculators_variant_norms_the_fused_input_the_residual_and_the_fed_back_state():
+    """norm_before_fc / norm_before_residual / norm_output, written out from their definition."""
+    flags = {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True}
+    head = random_eagle3_head(tiny_llama(0), seed=4, **flags)
+    for norm in (head.input_norm, head.norm, head.midlayer.hidden_norm):
+        norm.weight.uniform_(0.5, 1.5)
+    h, layer = head.config.hidden_size, head.midlayer
+    fused, embeds, pos = torch.randn(1, 5, 2 * h), torch.randn(1, 5, h), torch.arange(5)[None]
+    out, _ = head(fused, embeds, pos)
+    g = head.fc(head.input_norm(fused))
+    x = torch.cat([layer.input_layernorm(embeds), layer.hidden_norm(g)], dim=-1)
+    attn, _ = layer.self_attn(x, head._rope(g, pos), None, None)
+    a = layer.hidden_norm(g) + attn
+    a = a + layer.mlp(layer.post_attention_layernorm(a))
+    torch.testing.assert_close(out, head.norm(a))
+    torch.testing.assert_close(head.logits(out), head.lm_head(out))  # the state is normed once, not twice
+
+
 @pytest.mark.parametrize("tree", list(TREES))
 @pytest.mark.parametrize("seed", range(4))
 @pytest.mark.parametrize("vocab", ["subset", "full"])

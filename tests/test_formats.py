@@ -130,10 +130,33 @@ def test_a_speculators_variant_we_do_not_implement_is_refused(tmp_path):
     _, head = eagle3()
     save_head(tmp_path / "h", head, dtype=torch.float32, fmt="speculators")
     config = json.loads((tmp_path / "h" / "config.json").read_text())
-    config["norm_before_residual"] = True
+    config["fc_norm"] = True
     (tmp_path / "h" / "config.json").write_text(json.dumps(config))
-    with pytest.raises(FormatError, match="norm_before_residual"):
+    with pytest.raises(FormatError, match="fc_norm"):
         load_head(tmp_path / "h")
+
+
+VARIANTS = {"norm_before_fc": True, "norm_before_residual": True, "norm_output": True}
+
+
+@pytest.mark.parametrize("fmt", ["eagle", "speculators"])
+def test_speculators_layer_variants_round_trip_and_decode_losslessly(tmp_path, fmt):
+    """A head with speculators' default EAGLE-3 variant (its trainer's) keeps its flags and weights through
+    both layouts, and our decoder's greedy output with it equals HF's."""
+    target = tiny_llama(5, layers=4)
+    head = random_eagle3_head(target, layers=(1, 2, 3), vocab_ids=subset(128, 80, 2), seed=3, **VARIANTS)
+    with torch.no_grad():
+        head.input_norm.weight.uniform_(0.5, 1.5)  # not the identity, so a lost norm would show
+    save_head(tmp_path / "h", head, dtype=torch.float32, fmt=fmt)
+    config = json.loads((tmp_path / "h" / "config.json").read_text())
+    assert all(config[k] is True for k in VARIANTS)
+    loaded = load_head(tmp_path / "h")
+    assert all(getattr(loaded.config, k) for k in VARIANTS)
+    for key, value in head.state_dict().items():
+        assert torch.equal(loaded.state_dict()[key], value), key
+    outputs, _ = decode(target, loaded)
+    for seed, out in zip(range(3), outputs):
+        assert torch.equal(out, hf_greedy(target, prompt(seed, 10), 24))
 
 
 def test_a_draft_vocab_file_that_disagrees_with_d2t_is_refused(tmp_path):

@@ -103,10 +103,14 @@ def hf_greedy(target, ids: torch.Tensor, max_new_tokens: int) -> torch.Tensor:
     return target.generate(ids, do_sample=False, max_new_tokens=max_new_tokens, attention_mask=torch.ones_like(ids))
 
 
-def random_eagle3_head(target, layers=(0, 1), vocab_ids: torch.Tensor | None = None, seed: int = 0) -> Eagle3Head:
-    """A seeded random EAGLE-3 head reading `layers` of `target`, over `vocab_ids` (None = all)."""
+def random_eagle3_head(target, layers=(0, 1), vocab_ids: torch.Tensor | None = None, seed: int = 0,
+                       **variants: bool) -> Eagle3Head:
+    """A seeded random EAGLE-3 head reading `layers` of `target`, over `vocab_ids` (None = all);
+    `variants`: DraftConfig's layer variants (norm_before_fc=True, ...)."""
     cfg = DraftConfig.from_target_config(target.config)
     cfg.architecture, cfg.feature_layers, cfg.fc_bias = "eagle3", list(layers), False
+    for name, value in variants.items():
+        setattr(cfg, name, value)
     cfg.draft_vocab_size = cfg.vocab_size if vocab_ids is None else vocab_ids.numel()
     torch.manual_seed(seed)
     head = Eagle3Head(cfg).eval()

@@ -30,6 +30,7 @@ class TrainConfig:
     init_lm_head: bool = False  # EAGLE-3: start lm_head/norm from the target's (rows of the draft vocabulary)
     head: str = "eagle2"  # eagle2 | eagle3 (set by the `head` config group)
     fc_bias: bool = True  # EAGLE-1/2: fc has a bias (EAGLE's, SGLang's); false for a head vLLM can serve
+    eagle3_norms: bool = False  # EAGLE-3: speculators' variant (norm before fc, normed residual, normed output)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay: float = 0.0
     warmup_steps: int = 2000  # steps of a one-process run; N ranks advance the schedule N per step (as EAGLE's)

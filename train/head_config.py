@@ -4,7 +4,8 @@
   the target's layers; a fine-tune (`train.init_head`) keeps its starting head's depth and MLP width.
   `train.fc_bias=false` drops the fc bias, which vLLM's EAGLE-1 model has no place for.
 - EAGLE-3 (`head=eagle3`): fuses `model.feature_layers` minus the last one, has no fc bias and its
-  own lm_head of `train.draft_vocab` rows (eagle/heads/feature_layers.py).
+  own lm_head of `train.draft_vocab` rows (eagle/heads/feature_layers.py); `train.eagle3_norms=true`
+  trains speculators' variant of its layer.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ def draft_config(target_dir: Path, cfg: DictConfig, start: Head | None = None) -
         size = cfg.train.draft_vocab or draft.vocab_size  # head=eagle3 sets it (conf/head/eagle3.yaml)
         draft.architecture, draft.feature_layers, draft.fc_bias = "eagle3", fused, False
         draft.draft_vocab_size = min(int(size), draft.vocab_size)
+        if cfg.train.eagle3_norms:  # speculators' variant (eagle/heads/eagle3.py)
+            draft.norm_before_fc = draft.norm_before_residual = draft.norm_output = True
     return draft
 
 

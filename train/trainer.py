@@ -337,6 +337,7 @@ class Trainer:
         sums = stats.all_reduce(window)
         metrics = summarize(sums, self.cfg.train.topk)
         metrics["tokens_per_s"] = float(sums["pairs"]) / max(seconds, 1e-9)
+        metrics["pairs"], metrics["seconds"] = float(sums["pairs"]), seconds  # the window's, summable over a run
         metrics["lr"] = float(self.engine.get_lr()[0])
         if self.rank == 0:
             loss = metrics.get("token_loss" if self.eagle3 else "feature_loss", 0)

@@ -29,7 +29,7 @@ from eagle.heads.draft_vocab import STORED_KEYS, ids_from_stored, stored_tensors
 
 WEIGHTS = "model.safetensors"
 LEGACY_WEIGHTS = "pytorch_model.bin"
-TARGET_KEYS = ("embed_tokens.weight",)  # the target's, when a published head carries a copy
+TARGET_KEYS = ("embed_tokens.weight", "verifier_lm_head.weight", "verifier_norm.weight")  # the target's, when a head carries a copy (speculators: its verifier's)
 Head = DraftHead | Eagle3Head
 
 

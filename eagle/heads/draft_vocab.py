@@ -135,7 +135,7 @@ class DraftVocabulary:
             ids = top_up(ids.cpu(), torch.arange(lm_head.out_features), size)[:size]
         if eagle3:
             rows = head.lm_head if size is None else _rows(head.lm_head, torch.arange(ids.numel()))
-            return cls(None if ids is None else ids.to("cpu", torch.long), nn.Sequential(head.norm, rows))
+            return cls(None if ids is None else ids.to("cpu", torch.long), nn.Sequential(_Scorer(head), rows))
         if ids is None:
             return cls(None, nn.Sequential(lm_head))
         ids = ids.to("cpu", torch.long)
@@ -153,6 +153,18 @@ class DraftVocabulary:
     def to_target(self, draft_tokens: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary indices -> target token ids (same shape)."""
         return draft_tokens if self.ids is None else self.ids[draft_tokens]
+
+
+class _Scorer(nn.Module):
+    """What an EAGLE-3 head's lm_head reads of a state (eagle/heads/eagle3.py `scorer_norm`)."""
+
+    def __init__(self, head: nn.Module):
+        super().__init__()
+        self.norm = head.norm
+        self.normed = bool(head.config.norm_output)  # forward's output is already norm(a_t)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return hidden if self.normed else self.norm(hidden)
 
 
 def _rows(linear: nn.Linear, ids: torch.Tensor) -> nn.Linear:

@@ -60,6 +60,10 @@ class DraftConfig:
     feature_layers: list[int] = field(default_factory=lambda: [-1])
     architecture: str = "eagle2"  # eagle2 (EAGLE-1/2 head, this file) | eagle3 (eagle/heads/eagle3.py)
     draft_vocab_size: int | None = None  # eagle3: rows of the head's own lm_head
+    # EAGLE-3 layer variants, named as speculators names them (all false: EAGLE-3 as its authors publish it)
+    norm_before_fc: bool = False  # an RMSNorm (`input_norm`, 3H wide) on the fused layers before fc
+    norm_before_residual: bool = False  # the decoder layer adds to the normed feature, not the raw one
+    norm_output: bool = False  # the layer's output is normed once: that state is fed back and scored by lm_head
     format_version: int = FORMAT_VERSION
 
     def __post_init__(self) -> None:

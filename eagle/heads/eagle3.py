@@ -10,6 +10,11 @@ Differences from the EAGLE-1/2 head (eagle/heads/eagle2.py):
   target tokens (`draft_ids`, saved as d2t/t2d); nothing of the target is reused;
 - deeper drafts feed a_t back in place of g_t (no fc): `forward` fuses only 3H-wide inputs.
 
+speculators trains by default a variant (DraftConfig's `norm_before_fc`, `norm_before_residual`,
+`norm_output`): an RMSNorm on the fused input before fc (`input_norm`), the layer adding to the
+normed feature, and a_t normed once by `norm` so that the state fed back is norm(a_t). The flags
+travel in config.json and are read from speculators' config, so its heads decode here unchanged.
+
 Parameter names follow the EAGLE authors' released checkpoints (`fc`, `midlayer.*`, `norm`,
 `lm_head`), so their heads load into this class unchanged.
 """
@@ -32,9 +37,13 @@ class Eagle3Layer(DraftLayer):
         self.hidden_norm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.input_layernorm = LlamaRMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
+        self.norm_before_residual = cfg.norm_before_residual
+
     def forward(self, hidden, embeds, cos_sin, mask, past, cache_rows=None):  # [B, S, H] x2 -> [B, S, H]
-        x = torch.cat([self.input_layernorm(embeds), self.hidden_norm(hidden)], dim=-1)  # [B, S, 2H]
-        return super().forward(x, cos_sin, mask, past, residual=hidden, cache_rows=cache_rows)
+        normed = self.hidden_norm(hidden)
+        x = torch.cat([self.input_layernorm(embeds), normed], dim=-1)  # [B, S, 2H]
+        residual = normed if self.norm_before_residual else hidden
+        return super().forward(x, cos_sin, mask, past, residual=residual, cache_rows=cache_rows)
 
 
 class Eagle3Head(nn.Module):
@@ -50,6 +59,8 @@ class Eagle3Head(nn.Module):
         h, n_layers = cfg.hidden_size, len(cfg.feature_layers) or 3
         if n_layers < 2:  # `forward` tells fused inputs from its own states by their width
             raise ValueError(f"an EAGLE-3 head fuses several layers, got feature_layers={cfg.feature_layers}")
+        # speculators' variant: one RMSNorm over the fused [3H] input (absent from EAGLE's published heads)
+        self.input_norm = LlamaRMSNorm(n_layers * h, eps=cfg.rms_norm_eps) if cfg.norm_before_fc else None
         self.fc = nn.Linear(n_layers * h, h, bias=False)
         self.midlayer = Eagle3Layer(cfg)
         self.norm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
@@ -78,12 +89,18 @@ class Eagle3Head(nn.Module):
         dtype = self.fc.weight.dtype
         hidden = features.to(dtype)
         if hidden.shape[-1] == self.fc.in_features:
-            hidden = self.fc(hidden)
+            hidden = self.fc(hidden if self.input_norm is None else self.input_norm(hidden))
         cos_sin = self._rope(hidden, position_ids)
         if mask is not None:
             mask = mask.to(dtype)
-        return self.midlayer(hidden, token_embeds.to(dtype), cos_sin, mask, past, cache_rows)
+        state, kv = self.midlayer(hidden, token_embeds.to(dtype), cos_sin, mask, past, cache_rows)
+        return (self.norm(state) if self.config.norm_output else state), kv
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft-vocabulary logits [..., Vd] of states [..., H]."""
-        return self.lm_head(self.norm(hidden))
+        """Draft-vocabulary logits [..., Vd] of states [..., H] (`forward`'s output)."""
+        return self.lm_head(self.scorer_norm(hidden))
+
+    def scorer_norm(self, hidden: torch.Tensor) -> torch.Tensor:
+        """What lm_head reads of a state: norm(a_t), or the state itself when `forward` already normed it
+        (`norm_output`)."""
+        return hidden if self.config.norm_output else self.norm(hidden)

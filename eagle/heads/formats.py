@@ -41,6 +41,7 @@ FORMATS = ("eagle", "vllm", "sglang", "speculators")
 DRAFT_VOCAB = "draft_vocab.json"  # {"target_ids": [...]}: the draft vocabulary, most frequent first
 TOKEN_MAP = "hot_token_map.pt"  # SGLang --speculative-token-map: the draft vocabulary's target ids
 VOCAB_KEYS = ("d2t", "t2d", "draft_rank")
+LAYER_VARIANTS = ("norm_before_fc", "norm_before_residual", "norm_output")  # DraftConfig's EAGLE-3 variants
 _ARCH = {  # (SGLang's EAGLE-1/2 layout?, architecture) -> config "architectures"
     (False, "eagle2"): "LlamaForCausalLM",  # EAGLE's published EAGLE-1/2 heads; vLLM prefixes "Eagle"
     (True, "eagle2"): "LlamaForCausalLMEagle",
@@ -126,8 +127,7 @@ def speculators_config(cfg: DraftConfig, dtype: torch.dtype) -> dict:
         "speculators_model_type": "eagle3",
         "speculators_version": "0.9.0",
         "draft_vocab_size": cfg.draft_vocab_size or cfg.vocab_size,
-        "norm_before_residual": False,  # EAGLE-3's layer keeps the un-normed feature as residual
-        "norm_before_fc": False, "fc_norm": False, "norm_output": False, "embed_requires_grad": False,
+        **{k: getattr(cfg, k) for k in LAYER_VARIANTS}, "fc_norm": False, "embed_requires_grad": False,
         "target_hidden_size": None,
         "eagle_aux_hidden_state_layer_ids": list(cfg.feature_layers) or None,
         "tie_word_embeddings": False,
@@ -194,10 +194,9 @@ def _from_speculators(raw: dict, path: Path) -> dict:
     kind = raw["speculators_model_type"]
     if kind != "eagle3":
         raise FormatError(f"{path}: speculators model type {kind!r}: only eagle3 heads load here")
-    unsupported = [k for k in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output") if raw.get(k)]
-    if unsupported:
-        raise FormatError(f"{path}: {', '.join(unsupported)}=true is a layer variant our EAGLE-3 head does not "
-                          f"implement")
+    if raw.get("fc_norm"):
+        raise FormatError(f"{path}: fc_norm=true (one norm per fused layer) is a layer variant our EAGLE-3 head "
+                          f"does not implement")
     layer = dict(raw.get("transformer_layer_config") or {})
     if not layer:
         raise FormatError(f"{path}: a speculators config without transformer_layer_config")
@@ -207,6 +206,7 @@ def _from_speculators(raw: dict, path: Path) -> dict:
         "rope_theta": layer.get("rope_theta", rope.get("rope_theta", 10000.0)),
         "architecture": "eagle3",
         "fc_bias": False,
+        **{k: bool(raw.get(k)) for k in LAYER_VARIANTS},
         "draft_vocab_size": raw.get("draft_vocab_size"),
         "feature_layers": list(raw.get("eagle_aux_hidden_state_layer_ids") or []),
         "target": raw.get("target") or ((raw.get("speculators_config") or {}).get("verifier") or {}).get(

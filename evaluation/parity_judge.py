@@ -1,0 +1,76 @@
+"""The parity comparison's judge: every head decoded alike by our decoder and, when installed, by vLLM.
+
+    judge = ParityJudge(target_dir, prompts="mtbench", num_prompts=80, max_new_tokens=256, dtype=torch.bfloat16)
+    scores = judge.score(head_dir)   # {"chain3_tau", "chain3_accept": [α1, α2, α3], "tree_tau", ...}
+
+Our decoder, greedy: a chain of 3 drafted tokens (vLLM's `num_speculative_tokens=3`; per-position
+acceptance = share of steps whose draft was accepted at least that deep) and the EAGLE-2 dynamic
+tree the trainer's judge uses (train/judge.py). vLLM (evaluation/serving.py `run_vllm`): its own
+acceptance counters on the same prompt token ids, for heads vLLM serves (not an EAGLE-1/2 head with
+an fc bias); skipped with the reason otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from data_prep.prompt_sets import held_back_prompts
+from eagle.decoding.settings import TreeSettings
+from eagle.decoding.tree import chain_choices
+from eagle.heads.checkpoint import load_head
+from eagle.model import EaModel
+from eagle.targets.resolve import load_target
+from eagle.targets.tokenizer import load_tokenizer
+from evaluation.serving import ConsumerMissing, run_vllm, vllm_method
+from train.judge import TREES, encode_prompts
+
+
+class ParityJudge:
+    """One target, one prompt list; `score` decodes a head with both judges."""
+
+    def __init__(self, target_dir: Path, prompts: str, num_prompts: int, max_new_tokens: int,
+                 dtype: torch.dtype, spec_tokens: int = 3, vllm: bool = True):
+        self.target_dir, self.max_new_tokens, self.dtype = target_dir, max_new_tokens, dtype
+        self.spec_tokens, self.vllm = spec_tokens, vllm
+        self.tokenizer = load_tokenizer(target_dir)
+        self.prompts = encode_prompts(self.tokenizer, held_back_prompts(prompts, num_prompts))
+        self.target = load_target(target_dir, dtype)
+
+    def score(self, head_dir: Path) -> dict:
+        head = load_head(head_dir, dtype=self.dtype)
+        out = self._ours(head, "chain3", TreeSettings(tree=chain_choices(self.spec_tokens)))
+        out.update(self._ours(head, "tree", TREES["tree"]))
+        out.update(self._vllm(head_dir, head.config))
+        return out
+
+    def _ours(self, head, name: str, settings: TreeSettings) -> dict:
+        """τ and acceptance by depth of our decoder (eager: acceptance does not depend on compiling)."""
+        model = EaModel(self.target, head, self.tokenizer, settings, compile=False)
+        lengths, new, steps, start = [], 0, 0, time.perf_counter()
+        for ids in self.prompts:
+            model.eagenerate(ids, temperature=0.0, max_new_tokens=self.max_new_tokens)
+            stats = model.last_stats
+            lengths += list(stats.accept_lengths)
+            new, steps = new + stats.new_tokens, steps + stats.steps
+        depth = self.spec_tokens if name == "chain3" else max(lengths) - 1
+        accept = [sum(a - 1 >= d for a in lengths) / max(len(lengths), 1) for d in range(1, depth + 1)]
+        return {f"{name}_tau": new / max(steps, 1), f"{name}_accept": accept,
+                f"{name}_seconds": time.perf_counter() - start}
+
+    def _vllm(self, head_dir: Path, config) -> dict:
+        if not self.vllm:
+            return {"vllm_skipped": "not asked (--no-vllm)"}
+        if config.architecture == "eagle2" and config.fc_bias:
+            return {"vllm_skipped": "an EAGLE-1/2 head with an fc bias: vLLM's EAGLE-1 model has none"}
+        dtype = str(self.dtype).removeprefix("torch.")
+        try:
+            got = run_vllm(self.target_dir, self.prompts, self.max_new_tokens, head_dir, vllm_method(head_dir),
+                           self.spec_tokens, dtype)
+        except ConsumerMissing as e:
+            return {"vllm_skipped": str(e)}
+        drafts = max(got["drafts"], 1)
+        return {"vllm_tau": got["mean_acceptance_length"],
+                "vllm_accept": [n / drafts for n in got["accepted_per_position"]], "vllm": got["vllm"]}
