@@ -122,22 +122,12 @@ def reference_run(trainer: str, data: ParityData, run_dir: Path, recipe: Recipe,
     data_dir = out / "data" / trainer
     if not (data_dir / ".complete").exists():
         if trainer == "speculators":
-            ref.write_data(data.store, data.train_idx, data_dir, final_norm(data.target_dir))
+            ref.write_data(data.store, data.train_idx, data_dir, ref.final_norm_weight(data.target_dir))
         else:
             ref.write_data(data.store, data.train_idx, data_dir)
         (data_dir / ".complete").touch()
     draft_ids = data.draft_ids if HEAD_OF[trainer] == "eagle3" else None
     return ref.train(data_dir, data.target_dir, run_dir, recipe, draft_ids, threads)
-
-
-def final_norm(target_dir: Path) -> torch.Tensor:
-    """The target's final norm weight [H] (speculators' data wants the last layer before it)."""
-    from train.frozen import load_frozen
-
-    frozen = load_frozen(target_dir, torch.float32)
-    if frozen.norm is None:
-        raise ValueError(f"{target_dir}: no final norm weight found")
-    return frozen.norm
 
 
 def judge_runs(runs: list[TrainerRun], data: ParityData, args, out: Path) -> dict[str, dict]:

@@ -32,16 +32,18 @@ def ours_recipe(head: str, steps: int, batch_tokens: int) -> Recipe:
 def overrides(head: str, store: Path, model: str, out_dir: Path, recipe: Recipe, draft_vocab: int | None,
               eagle3_norms: bool = False) -> list[str]:
     """The Hydra overrides of `python -m train` for one parity run (no τ judge, no W&B: the parity judge
-    decodes every head alike afterwards)."""
+    decodes every head alike afterwards). The seed stays our default: it also picks our held-out split,
+    which every parity run shares, so a recipe's own seed (speculators': 42) does not apply here."""
     args = [f"+model={model}", f"head={head}", f"store_dir={store}", f"output_dir={out_dir}",
             f"train.max_steps={recipe.steps}", f"train.batch_tokens={recipe.batch_tokens}", f"train.lr={recipe.lr}",
             f"train.schedule={recipe.schedule}", f"train.warmup_steps={recipe.warmup_steps}",
             f"train.min_lr_ratio={recipe.min_lr_ratio}", f"train.weight_decay={recipe.weight_decay}",
-            f"train.ttt_steps={recipe.ttt_steps}", f"train.ttt_decay={recipe.ttt_decay}", f"seed={recipe.seed}",
+            f"train.ttt_steps={recipe.ttt_steps}", f"train.ttt_decay={recipe.ttt_decay}",
             "train.decay_steps=null", "train.tau_every=0", "train.eval_every=0", "train.log_every=5",
             f"train.save_every={max(25, recipe.steps // 4)}", "train.progress=false", "wandb.mode=disabled"]
     if head == "eagle3":
-        args += [f"train.draft_vocab={draft_vocab}", "train.noise=0.0", f"train.eagle3_norms={str(eagle3_norms).lower()}"]
+        args += [f"train.draft_vocab={draft_vocab}", "train.noise=0.0", f"train.eagle3_norms={str(eagle3_norms).lower()}",
+                 f"train.freeze_lm_head={str(recipe.freeze_lm_head).lower()}"]
     return args
 
 

@@ -31,6 +31,7 @@ class Recipe:
     optimizer: str = "adamw"
     min_lr_ratio: float = 0.0
     seed: int = 0
+    freeze_lm_head: bool = False  # EAGLE-3: the head's lm_head stays the target's rows (speculators' default)
 
 
 @dataclass

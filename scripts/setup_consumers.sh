@@ -5,14 +5,16 @@
 #   .consumers/speculators  speculators==0.9.0 (reads and converts EAGLE-3 heads)
 #   .consumers/sglang       sglang==0.5.23 source only (--no-deps): serving needs a GPU, so
 #                           tests/test_consumers.py runs its loader code against our files
+#   .consumers/eagle-llm    eagle-llm==1.2.1   (the EAGLE authors' EAGLE-1/2 trainer, for the trainer parity
+#                           comparison: evaluation/ref_eagle_llm.py, tests/test_parity_eagle_llm.py)
 # The slow tests in tests/test_consumers.py use them when present and skip with one line
-# when not. Usage: bash scripts/setup_consumers.sh [vllm] [speculators] [sglang]   (default: all)
+# when not. Usage: bash scripts/setup_consumers.sh [vllm] [speculators] [sglang] [eagle-llm]   (default: all)
 # SGLang needs a GPU to serve; its check reads SGLang's loader against our files instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 WANT=("$@")
-[ ${#WANT[@]} -eq 0 ] && WANT=(vllm speculators sglang)
+[ ${#WANT[@]} -eq 0 ] && WANT=(vllm speculators sglang eagle-llm)
 
 fresh_venv() {  # $1: name; prints nothing, leaves .consumers/$1 with torch 2.13.0 (CPU build)
   local dir=.consumers/$1
@@ -41,7 +43,19 @@ for name in "${WANT[@]}"; do
       mkdir -p .consumers/sglang
       "$PY" -m pip install --quiet --no-deps --target .consumers/sglang/site "sglang==0.5.23"
       ;;
-    *) echo "unknown consumer: $name (vllm, speculators, sglang)" >&2; exit 2 ;;
+    eagle-llm)
+      # Its METADATA pins what its demo, web UI and data generation use (fschat, gradio, openai,
+      # anthropic, sentencepiece, protobuf 3.19, wandb); its trainer (eagle/train/main.py, eagle/model/cnets.py)
+      # imports only torch, transformers, accelerate, safetensors, numpy, tqdm and wandb, which
+      # scripts/consumers/eagle_llm_train.py replaces by a stub. Hence --no-deps plus that list:
+      # accelerate at its own pin; transformers 4.x, since under 5.x its EConfig's rope_scaling becomes
+      # rope parameters without the "type" its attention reads (KeyError 'type').
+      fresh_venv eagle-llm
+      .consumers/eagle-llm/bin/python -m pip install --quiet --no-deps "eagle-llm==1.2.1"
+      .consumers/eagle-llm/bin/python -m pip install --quiet "torch==2.13.0" "transformers==4.46.3" \
+        "accelerate==0.21.0" "safetensors==0.8.0" "numpy<3" tqdm  # torch pinned: else a CUDA build
+      ;;
+    *) echo "unknown consumer: $name (vllm, speculators, sglang, eagle-llm)" >&2; exit 2 ;;
   esac
   touch "$stamp"
 done

@@ -319,6 +319,26 @@ def test_eagle3_head_trains_exports_and_decodes_losslessly(tiny3, tmp_path):
     assert torch.equal(model.eagenerate(ids, max_new_tokens=20), ref)
 
 
+def test_a_frozen_eagle3_lm_head_keeps_the_targets_rows_while_the_rest_trains(tiny3, tmp_path):
+    """train.freeze_lm_head (speculators' default): only fc, the layer and the norms move."""
+    cfg = make_cfg(tiny3, tmp_path, "head=eagle3", "model.feature_layers=[0,1,-1]", "train.max_steps=5",
+                   "train.ttt_steps=2", "train.draft_vocab=64", "train.freeze_lm_head=true", "train.eagle3_norms=true")
+    trainer = Trainer(cfg)
+    fc = trainer.engine.module.fc.weight.detach().clone()
+    result = trainer.fit()
+    head = load_head(result.head_dir, dtype=torch.float32)
+    rows = trainer.frozen.lm_head[head.draft_ids].float()
+    torch.testing.assert_close(head.lm_head.weight, rows.to(torch.bfloat16).float())  # exported in bf16
+    assert not torch.allclose(trainer.engine.module.fc.weight.detach(), fc)
+    assert head.config.norm_before_fc and head.input_norm is not None
+
+
+def test_a_frozen_lm_head_needs_a_start(tiny3, tmp_path):
+    with pytest.raises(ValueError, match="init_lm_head"):
+        Trainer(make_cfg(tiny3, tmp_path, "head=eagle3", "model.feature_layers=[0,1,-1]", "train.max_steps=1",
+                         "train.freeze_lm_head=true", "train.init_lm_head=false"))
+
+
 def test_eagle3_needs_a_store_with_its_layers(tiny, tmp_path):
     with pytest.raises(ValueError, match="prepare a store with head=eagle3"):
         Trainer(make_cfg(tiny, tmp_path, "head=eagle3", "model.feature_layers=[0,1,-1]", "train.max_steps=1"))

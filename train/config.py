@@ -28,6 +28,7 @@ class TrainConfig:
     ttt_decay: float = 0.8  # loss weight of pass i is ttt_decay**i
     ttt_detach: bool = True  # no gradient from a pass into the previous one
     init_lm_head: bool = False  # EAGLE-3: start lm_head/norm from the target's (rows of the draft vocabulary)
+    freeze_lm_head: bool = False  # EAGLE-3: keep that lm_head frozen (speculators' default); needs init_lm_head
     head: str = "eagle2"  # eagle2 | eagle3 (set by the `head` config group)
     fc_bias: bool = True  # EAGLE-1/2: fc has a bias (EAGLE's, SGLang's); false for a head vLLM can serve
     eagle3_norms: bool = False  # EAGLE-3: speculators' variant (norm before fc, normed residual, normed output)

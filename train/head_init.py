@@ -46,3 +46,15 @@ def start_from_target(head: Head, lm_head_rows: torch.Tensor, norm: torch.Tensor
     if norm is not None:
         head.norm.weight.copy_(norm.float())
     log.info("EAGLE-3 lm_head and norm start from the target's")
+
+
+def freeze_lm_head(head: Head, started: bool) -> None:
+    """An EAGLE-3 head's lm_head out of the optimizer (`train.freeze_lm_head`): it keeps the rows it
+    started from, which must be the target's or a starting head's (`started`), not random ones."""
+    if head.config.architecture != "eagle3":
+        raise ValueError("train.freeze_lm_head: only an EAGLE-3 head has an lm_head of its own")
+    if not started:
+        raise ValueError("train.freeze_lm_head needs train.init_lm_head=true (or train.init_head): a frozen "
+                         "random lm_head would never learn")
+    head.lm_head.requires_grad_(False)
+    log.info("EAGLE-3 lm_head frozen: fc, the decoder layer and the norms train")

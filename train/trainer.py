@@ -43,7 +43,7 @@ from train.export import CardInfo, export_head, model_card
 from train.feature_source import open_features
 from train.frozen import Frozen, frozen_of, load_frozen
 from train.head_config import draft_config
-from train.head_init import initial_head, start_from_target
+from train.head_init import freeze_lm_head, initial_head, start_from_target
 from train.judge import Judge, judge_wanted
 from train.output_layout import output_layout, use_layout
 from train.loss import LossOutput, Pairs, eagle3_loss, eagle_loss, make_pairs, summarize, uniform_noise, vocab_target
@@ -104,6 +104,8 @@ class Trainer:
         head = initial_head(self.draft_config, start, t.init_head)
         if self.eagle3 and t.init_lm_head and start is None:
             start_from_target(head, self.loss_lm_head, self.frozen.norm)
+        if t.freeze_lm_head:
+            freeze_lm_head(head, t.init_lm_head or start is not None)
         self.engine = build_engine(head, cfg, self.total_steps, self.world)
         self.step = 0  # optimizer steps done
         self.wandb_id: str | None = None
