@@ -53,6 +53,7 @@ from train.vocab_choice import TrainingVocabulary, token_counts
 
 log = logging.getLogger("train")
 CHECKPOINTS = "checkpoints"
+WINDOW_ONLY = ("tokens_per_s", "pairs", "seconds")  # logged per window (metrics.jsonl), not model-card figures
 HEAD = "head"
 
 
@@ -321,7 +322,7 @@ class Trainer:
 
     def card_info(self, train_metrics: dict, eval_metrics: dict) -> CardInfo:
         metrics = {f"eval_{k}": v for k, v in eval_metrics.items()}
-        metrics.update({f"train_{k}": v for k, v in train_metrics.items() if k != "tokens_per_s"})
+        metrics.update({f"train_{k}": v for k, v in train_metrics.items() if k not in WINDOW_ONLY})
         return CardInfo(
             target=str(self.cfg.model.path), target_name=str(self.cfg.model.name),
             data=f"{self.cfg.data.name} ({self.features.describe()})",
