@@ -13,18 +13,14 @@ from data_prep.store import FeatureStore
 from eagle.heads.checkpoint import load_head
 from evaluation import parity
 from evaluation.parity_run import TrainerRun
-from tests.tiny import tiny_llama, write_tiny_store
+from tests.tiny import tiny_target_and_store
 from train.data import split_indices
 
 
 @pytest.fixture(scope="module")
 def tiny3(tmp_path_factory):
     """(target_dir, store_dir): a tiny random target and a 48-record EAGLE-3 store of it (layers 0, 1, last)."""
-    base = tmp_path_factory.mktemp("parity")
-    model = tiny_llama(seed=0)
-    model.save_pretrained(base / "target")
-    write_tiny_store(model, base / "store", records=48, target_path=str(base / "target"), feature_layers=(0, 1, -1))
-    return base / "target", base / "store"
+    return tiny_target_and_store(tmp_path_factory.mktemp("parity"), feature_layers=(0, 1, -1))
 
 
 def tiny_args(tiny3, out, *extra):

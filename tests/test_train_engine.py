@@ -284,11 +284,7 @@ def test_training_time_test_trains(tiny, tmp_path):
 @pytest.fixture(scope="module")
 def tiny3(tmp_path_factory):
     """(target_dir, store_dir) of a store that also holds hidden_states[0] and [1] (EAGLE-3)."""
-    base = tmp_path_factory.mktemp("tiny3")
-    model = tiny_llama(seed=0)
-    model.save_pretrained(base / "target")
-    write_tiny_store(model, base / "store", records=48, target_path=str(base / "target"), feature_layers=(0, 1, -1))
-    return base / "target", base / "store"
+    return tiny_target_and_store(tmp_path_factory.mktemp("tiny3"), feature_layers=(0, 1, -1))
 
 
 def test_eagle3_head_trains_exports_and_decodes_losslessly(tiny3, tmp_path):

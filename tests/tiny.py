@@ -236,9 +236,10 @@ def lock_held_elsewhere(folder: Path, what: str) -> Iterator[subprocess.Popen]:
         holder.wait()
 
 
-def tiny_target_and_store(base: Path) -> tuple[Path, Path]:
-    """(target_dir, store_dir) under `base`: a tiny random target (seed 0) and a complete 48-record store of it."""
+def tiny_target_and_store(base: Path, feature_layers: tuple[int, ...] = (-1,)) -> tuple[Path, Path]:
+    """(target_dir, store_dir) under `base`: a tiny random target (seed 0) and a complete 48-record store of it,
+    holding `feature_layers` (EAGLE-3: e.g. (0, 1, -1))."""
     model = tiny_llama(seed=0)
     model.save_pretrained(base / "target")
-    write_tiny_store(model, base / "store", records=48, target_path=str(base / "target"))
+    write_tiny_store(model, base / "store", records=48, target_path=str(base / "target"), feature_layers=feature_layers)
     return base / "target", base / "store"
