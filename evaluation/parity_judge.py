@@ -19,6 +19,7 @@ import torch
 
 from data_prep.prompt_sets import held_back_prompts
 from eagle.decoding.settings import TreeSettings
+from eagle.decoding.stats import GenerationStats
 from eagle.decoding.tree import chain_choices
 from eagle.heads.checkpoint import load_head
 from eagle.model import EaModel
@@ -49,16 +50,16 @@ class ParityJudge:
     def _ours(self, head, name: str, settings: TreeSettings) -> dict:
         """τ and acceptance by depth of our decoder (eager: acceptance does not depend on compiling)."""
         model = EaModel(self.target, head, self.tokenizer, settings, compile=False)
-        lengths, new, steps, start = [], 0, 0, time.perf_counter()
+        pooled, start = GenerationStats(name), time.perf_counter()  # every prompt's steps together
         for ids in self.prompts:
             model.eagenerate(ids, temperature=0.0, max_new_tokens=self.max_new_tokens)
             stats = model.last_stats
-            lengths += list(stats.accept_lengths)
-            new, steps = new + stats.new_tokens, steps + stats.steps
-        depth = self.spec_tokens if name == "chain3" else max(lengths) - 1
-        accept = [sum(a - 1 >= d for a in lengths) / max(len(lengths), 1) for d in range(1, depth + 1)]
-        return {f"{name}_tau": new / max(steps, 1), f"{name}_accept": accept,
-                f"{name}_seconds": time.perf_counter() - start}
+            pooled.accept_lengths += stats.accept_lengths
+            pooled.new_tokens, pooled.steps = pooled.new_tokens + stats.new_tokens, pooled.steps + stats.steps
+        accept = pooled.acceptance_by_depth()
+        if name == "chain3":  # every position of the chain, also those never reached
+            accept += [0.0] * (self.spec_tokens - len(accept))
+        return {f"{name}_tau": pooled.tau, f"{name}_accept": accept, f"{name}_seconds": time.perf_counter() - start}
 
     def _vllm(self, head_dir: Path, config) -> dict:
         if not self.vllm:
