@@ -23,7 +23,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -132,7 +132,7 @@ def config_key(prep: PrepConfig) -> str:
         "target": m.path, "dtype": m.dtype, "max_len": m.max_len, "chat_template": str(m.chat_template),
         "layers": list(m.feature_layers), "source": files[0] if files == [str(d.source)] else files,
         "limit": d.limit, "split": d.split, "shard_records": d.shard_records, "regenerate": d.regenerate,
-        "regen": asdict(d.regen) if d.regenerate else None,
+        "regen": d.regen.reply_settings() if d.regenerate else None,
     }
     if d.offset:  # only when set, so the keys of stores read from record 0 stay as they were
         parts["offset"] = d.offset

@@ -2,7 +2,9 @@
 
 A draft head learns the target's distribution best from text the target wrote. Each
 conversation keeps its user turns; turn by turn, the target answers the preceding turns
-(its own earlier answers included) in batched generation. Results are saved as JSONL
+(its own earlier answers included), all conversations of a chunk at once through the reply
+engine of `data.regen.engine` (vLLM, an OpenAI-compatible server, or our batched decoding:
+data_prep/reply_engines.py). Results are saved as JSONL
 chunks next to the store (`regenerated/chunk-NNNNN.jsonl`, written whole then renamed), so
 an interrupted run resumes by chunk, and several ranks split the chunks; at its start a rank
 removes the temporary chunk files a killed run left for its chunks (data_prep/stale_files.py).
@@ -13,23 +15,19 @@ from __future__ import annotations
 import json
 import logging
 import os
-import time
 from pathlib import Path
 
-import torch
 from tqdm import tqdm
-from transformers import DynamicCache
 
-from eagle.common import distributed
 from data_prep.conversations import Conversation
 from data_prep.data_config import PrepConfig, RegenConfig
+from data_prep.reply_engines import ReplyEngine, open_engine
 from data_prep.stale_files import remove_stale
 from data_prep.store import tmp_path
-from eagle.targets.resolve import load_target
-from eagle.targets.tokenizer import eos_token_ids
-from eagle.decoding.verify import SamplingParams, sample
+from eagle.common import distributed
 
 log = logging.getLogger("data_prep")
+CHUNK_SEEDS = 1_000_003  # seeds per chunk: chunk k's requests sample from seed (s + k) * CHUNK_SEEDS onward
 
 
 def regenerate(prep: PrepConfig, target_dir: Path, tokenizer, conversations: list[Conversation], out: Path,
@@ -42,29 +40,36 @@ def regenerate(prep: PrepConfig, target_dir: Path, tokenizer, conversations: lis
     remove_stale(out, {_chunk_path(out, k).name for k in range(rank, n_chunks, world)})  # what a killed rank left
     todo = [k for k in range(rank, n_chunks, world) if not _chunk_path(out, k).exists()]
     if todo:
-        model = load_target(target_dir, prep.model.dtype)
-        generator = ReplyGenerator(model, tokenizer, prep.data.regen, prep.model.max_len)
-        for k in todo:
-            torch.manual_seed(prep.seed + k)
-            chunk = generator.conversations(conversations[k * size:(k + 1) * size])
-            _write_chunk(_chunk_path(out, k), chunk)
-        log.info("regeneration: %d tokens at %.1f tokens/s", generator.tokens, generator.tokens_per_s)
+        engine = open_engine(prep.data.regen, target_dir, prep.model.dtype, tokenizer, prep.model.max_len)
+        generator = ReplyGenerator(engine, tokenizer, prep.data.regen, prep.model.max_len)
+        try:
+            for k in todo:
+                generator.seed = (prep.seed + k) * CHUNK_SEEDS
+                chunk = generator.conversations(conversations[k * size:(k + 1) * size])
+                _write_chunk(_chunk_path(out, k), chunk)
+                log.info("regenerated chunk %d: %d reply tokens so far at %.1f tokens/s (%s)", k, generator.tokens,
+                         generator.tokens_per_s, engine.name)
+        finally:
+            engine.close()
     distributed.barrier()
     return [c for k in range(n_chunks) for c in _read_chunk(_chunk_path(out, k))]
 
 
 class ReplyGenerator:
-    """Batched, length-sorted generation of one turn at a time for many conversations."""
+    """The turns of many conversations answered one turn at a time, each turn's prompts through `engine`
+    (data_prep/reply_engines.py) at once; `seed` advances by the prompts sent, so a chunk's replies
+    depend only on the seed it starts from."""
 
-    def __init__(self, model, tokenizer, regen: RegenConfig, max_len: int):
-        self.model, self.tokenizer, self.regen, self.max_len = model, tokenizer, regen, max_len
-        self.eos_ids = eos_token_ids(model, tokenizer)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.tokens, self.seconds = 0, 0.0
+    def __init__(self, engine: ReplyEngine, tokenizer, regen: RegenConfig, max_len: int, seed: int = 0):
+        self.engine, self.tokenizer, self.regen, self.max_len, self.seed = engine, tokenizer, regen, max_len, seed
+
+    @property
+    def tokens(self) -> int:
+        return self.engine.tokens
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.seconds if self.seconds else 0.0
+        return self.engine.tokens / self.engine.seconds if self.engine.seconds else 0.0
 
     def conversations(self, chunk: list[Conversation]) -> list[Conversation]:
         """Regenerate every assistant turn of `chunk` (up to regen.max_turns per conversation)."""
@@ -72,7 +77,8 @@ class ReplyGenerator:
         system = [[m for m in c.messages[:1] if m["role"] == "system"] for c in chunk]
         done = [list(s) for s in system]
         active = list(range(len(chunk)))
-        bar = tqdm(total=sum(len(u) for u in users), unit="turn", desc="regenerate", dynamic_ncols=True, leave=False)
+        bar = tqdm(total=sum(len(u) for u in users), unit="turn", desc=f"regenerate ({self.engine.name})",
+                   dynamic_ncols=True, leave=False)
         for turn in range(max((len(u) for u in users), default=0)):
             active = [i for i in active if turn < len(users[i])]
             prompts = {i: done[i] + [users[i][turn]] for i in active}
@@ -84,8 +90,8 @@ class ReplyGenerator:
         return [Conversation(c.index, c.id, d) for c, d in zip(chunk, done) if any(m["role"] == "assistant" for m in d)]
 
     def replies(self, prompts: dict[int, list[dict]], bar: tqdm | None = None) -> dict[int, str]:
-        """One reply per prompt whose rendering fits in max_len; batched by length. `bar` counts
-        the prompts as their batches finish, with the reply tokens/s so far."""
+        """One reply per prompt whose rendering fits in max_len. `bar` counts the prompts as they are
+        answered, with the reply tokens/s so far."""
         encoded = {}
         for i, messages in prompts.items():
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
@@ -97,64 +103,24 @@ class ReplyGenerator:
         return out
 
     def decode_by_length(self, encoded: dict[int, list[int]], bar: tqdm | None = None) -> dict[int, str]:
-        """One reply per token-id prompt, in batches of prompts of similar length (shortest first)."""
+        """One reply per token-id prompt; the engine gets them shortest first, so its batches are of
+        similar lengths. A batched engine gets them in groups of regen.batch_size for the progress bar."""
         order = sorted(encoded, key=lambda i: len(encoded[i]))
+        group = len(order) if self.engine.name != "ours" else int(self.regen.batch_size)
         out = {}
-        for b in range(0, len(order), self.regen.batch_size):
-            batch = order[b:b + self.regen.batch_size]
-            for i, text in zip(batch, self.decode_batch([encoded[i] for i in batch])):
-                out[i] = text
+        for b in range(0, len(order), max(group, 1)):
+            part = order[b:b + group]
+            out.update(zip(part, self.decode_batch([encoded[i] for i in part])))
             if bar is not None:
-                bar.update(len(batch))
+                bar.update(len(part))
                 bar.set_postfix(tok_s=f"{self.tokens_per_s:.0f}")
         return out
 
-    @torch.inference_mode()
     def decode_batch(self, prompts: list[list[int]]) -> list[str]:
-        """One reply per prompt, decoded as a left-padded batch. A row leaves the batch (and its
-        KV cache) as soon as it ends, so each step only runs the rows still writing: about half
-        the replies end well before max_new_tokens, and a static batch would keep computing them."""
-        ids, attn = left_pad(prompts, self.pad_id)  # [B, W]
-        width = ids.shape[1]
-        device = self.model.device
-        ids, attn = ids.to(device), attn.to(device)  # [B, W]
-        positions = (attn.cumsum(-1) - 1).clamp(min=0)  # [B, W]; pads are masked, their position is moot
-        params = SamplingParams(float(self.regen.temperature), float(self.regen.top_p))
-        cache = DynamicCache(config=self.model.config)
-        rows = list(range(len(prompts)))  # prompt index of each live batch row
-        replies: list[list[int]] = [[] for _ in prompts]
-        start = time.perf_counter()
-        for _ in range(min(int(self.regen.max_new_tokens), self.max_len - width)):
-            logits = self.model(input_ids=ids, attention_mask=attn, position_ids=positions, past_key_values=cache,
-                                use_cache=True, logits_to_keep=1).logits[:, -1]  # [b, V]
-            tokens = sample(logits, params).tolist()  # [b]
-            live = [j for j, t in enumerate(tokens) if t not in self.eos_ids]
-            for j in live:
-                replies[rows[j]].append(tokens[j])
-            if not live:
-                break
-            if len(live) < len(rows):
-                keep = torch.tensor(live, device=device)
-                for layer in cache.layers:
-                    layer.batch_select_indices(keep)
-                rows, attn, positions = [rows[j] for j in live], attn[keep], positions[keep]
-            ids = torch.tensor([tokens[j] for j in live], device=device)[:, None]  # [b, 1]
-            attn = torch.cat([attn, attn.new_ones(len(rows), 1)], dim=1)
-            positions = positions[:, -1:] + 1
-        self.seconds += time.perf_counter() - start
-        self.tokens += sum(len(r) for r in replies)
-        return [self.tokenizer.decode(r, skip_special_tokens=True).strip() for r in replies]
-
-
-def left_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token ids [B, W] right-aligned to the longest prompt, and their attention mask [B, W]."""
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for row, p in enumerate(prompts):
-        ids[row, width - len(p):] = torch.tensor(p)
-        attn[row, width - len(p):] = 1
-    return ids, attn
+        """One reply per token-id prompt, in order."""
+        texts = self.engine.generate(prompts, self.seed, self.regen)
+        self.seed += len(prompts)
+        return texts
 
 
 def _chunk_path(out: Path, k: int) -> Path:

@@ -36,10 +36,10 @@ from omegaconf import DictConfig
 
 from data_prep.conversations import Conversation
 from data_prep.data_config import prep_config, resolve
-from data_prep.regenerate import ReplyGenerator
+from data_prep.regenerate import CHUNK_SEEDS, ReplyGenerator
+from data_prep.reply_engines import open_engine
 from data_prep.resolvers import register_resolvers
 from data_prep.store import write_json_atomic
-from eagle.targets.resolve import load_target
 
 log = logging.getLogger("data_prep")
 
@@ -146,16 +146,20 @@ def main(cfg: DictConfig) -> None:
     torch.manual_seed(prep.seed)
     target = resolve(prep.model)
     tok = target.tokenizer
-    model = load_target(target.folder, prep.model.dtype)
     regen = prep.data.regen
+    engine = open_engine(regen, target.folder, prep.model.dtype, tok, prep.model.max_len)
     asking = replace(regen, temperature=float(cfg.get("question_temperature", 1.0)),
                      top_p=float(cfg.get("question_top_p", 0.95)), max_new_tokens=int(cfg.get("question_tokens", 96)))
-    asker = ReplyGenerator(model, tok, asking, prep.model.max_len)
-    questions = sample_questions(asker, n, regen.batch_size, openers=read_openers(cfg.get("openers")))
-    replier = ReplyGenerator(model, tok, regen, prep.model.max_len)
-    chats = answer(replier, questions)
-    for _ in range(int(cfg.get("turns", 1)) - 1):
-        chats = follow_up(asker, replier, chats)
+    asker = ReplyGenerator(engine, tok, asking, prep.model.max_len, seed=prep.seed * CHUNK_SEEDS)
+    replier = ReplyGenerator(engine, tok, regen, prep.model.max_len, seed=(prep.seed + 1) * CHUNK_SEEDS)
+    try:
+        batch = regen.batch_size if engine.name == "ours" else max(regen.batch_size, 256)  # an engine batches itself
+        questions = sample_questions(asker, n, batch, openers=read_openers(cfg.get("openers")))
+        chats = answer(replier, questions)
+        for _ in range(int(cfg.get("turns", 1)) - 1):
+            chats = follow_up(asker, replier, chats)
+    finally:
+        engine.close()
     write_sharegpt(chats, out)
     turns = sum(m["role"] == "user" for c in chats for m in c.messages)
     print(f"{len(chats)} self-instructed conversations, {turns} user turns ({len(questions)} questions asked; "

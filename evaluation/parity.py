@@ -14,7 +14,8 @@ steps (our batch plan's steps per epoch x epochs, or --steps), over the same dra
   trainer, PyPI eagle-llm 1.2.1). The reference trainers run from their own venvs
   (`make consumers`), through launchers that adapt only device handling (scripts/consumers/).
 - recipes: `ours` (our shipped recipe for the head type, evaluation/parity_ours.py) or `ref` (the
-  reference trainer's documented defaults for that head type), so recipe and code can be told apart.
+  reference trainer's documented defaults for that head type), so recipe and code can be told apart;
+  `ref:optimizer=adamw+lr=3e-4` changes fields of it (evaluation/parity_run.py's Recipe).
 
 Each run is judged by evaluation/parity_judge.py (our decoder: chain of 3 and the EAGLE-2 tree; vLLM's
 counters when installed). Output in --out: `runs/NAME/run.json` (curves, seconds, tokens), `scores.json`,
@@ -76,12 +77,16 @@ class ParityData:
 
 
 def recipe_for(trainer: str, recipe: str, data: ParityData) -> Recipe:
+    """`recipe`: `ours` or `ref`, optionally with changed fields: `ref:optimizer=adamw+lr=3e-4`."""
+    name, _, changes = recipe.partition(":")
     head = HEAD_OF[trainer]
-    if recipe == "ours":
-        return ours_recipe(head, data.steps, data.batch_tokens)
-    if recipe == "ref":
-        return reference(REFERENCE_OF_HEAD[head]).reference_recipe(data.steps, data.batch_tokens)
-    raise ValueError(f"recipe {recipe!r}: choose ours or ref")
+    if name == "ours":
+        base = ours_recipe(head, data.steps, data.batch_tokens)
+    elif name == "ref":
+        base = reference(REFERENCE_OF_HEAD[head]).reference_recipe(data.steps, data.batch_tokens)
+    else:
+        raise ValueError(f"recipe {recipe!r}: choose ours or ref")
+    return base.changed(changes.split("+")) if changes else base
 
 
 def reference(trainer: str):
@@ -95,7 +100,7 @@ def train_run(spec: str, data: ParityData, model: str, out: Path, threads: int, 
     trainer, _, recipe_name = spec.partition("@")
     if trainer not in HEAD_OF:
         raise ValueError(f"run {spec!r}: trainers are {', '.join(HEAD_OF)}")
-    run_dir = out / "runs" / spec.replace("@", "-")
+    run_dir = out / "runs" / spec.replace("@", "-").replace(":", "-").replace("+", "-").replace("=", "-")
     done = run_dir / "run.json"
     if done.exists():
         return TrainerRun.from_json(json.loads(done.read_text()))

@@ -8,11 +8,10 @@ The run resumes from its own checkpoints when it is started again (train/checkpo
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 from pathlib import Path
 
+from eagle.common.child_process import child_env, run_logged
 from evaluation.parity_run import CurvePoint, Recipe, TrainerRun
 from train.tracking import read_metrics
 
@@ -52,13 +51,9 @@ def train_ours(head: str, store: Path, model: str, out_dir: Path, recipe: Recipe
     """Train one head with our trainer in a child process limited to `threads`; its curves and speed.
     `extra`: more Hydra overrides, after the recipe's."""
     args = overrides(head, store, model, out_dir, recipe, draft_vocab, eagle3_norms) + list(extra)
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     command = [sys.executable, "-m", "train", *args]
     out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / "train.log", "a") as sink:
-        done = subprocess.run(command, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    if done.returncode:
-        raise RuntimeError(f"our trainer failed (exit {done.returncode}); see {out_dir / 'train.log'}")
+    run_logged(command, out_dir / "train.log", child_env(threads), cwd=ROOT, append=True)
     name = f"ours-{head}" + ("-norms" if eagle3_norms else "")
     return run_of(name, out_dir, recipe, " ".join(command[1:]))
 

@@ -8,6 +8,7 @@ and its wall time. The judge (evaluation/parity.py) then decodes with every head
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -32,6 +33,19 @@ class Recipe:
     min_lr_ratio: float = 0.0
     seed: int = 0
     freeze_lm_head: bool = False  # EAGLE-3: the head's lm_head stays the target's rows (speculators' default)
+
+    def changed(self, assignments: list[str]) -> Recipe:
+        """This recipe with `FIELD=VALUE` assignments applied, each value read as its field's type."""
+        fields = {f.name: f for f in dataclasses.fields(self)}
+        changes = {}
+        for assignment in assignments:
+            key, eq, raw = assignment.partition("=")
+            if not eq or key not in fields or key in ("name", "steps", "batch_tokens"):
+                raise ValueError(f"recipe change {assignment!r}: expected FIELD=VALUE, FIELD one of "
+                                 f"{', '.join(k for k in fields if k not in ('name', 'steps', 'batch_tokens'))}")
+            kind = type(getattr(self, key))
+            changes[key] = raw.lower() in ("1", "true", "yes") if kind is bool else kind(raw)
+        return dataclasses.replace(self, **changes)
 
 
 @dataclass

@@ -38,8 +38,6 @@ import json
 import os
 import shlex
 import shutil
-import subprocess
-import time
 from pathlib import Path
 
 import torch
@@ -49,6 +47,7 @@ from safetensors.torch import load_file
 from data_prep.store import FeatureStore
 from eagle.heads.checkpoint import head_from_state, load_head, save_head
 from eagle.heads.eagle2 import DraftConfig
+from eagle.common.child_process import child_env, run_logged
 from evaluation.parity_run import CurvePoint, Recipe, TrainerRun
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -287,17 +286,8 @@ def train(data_dir: str | Path, target_dir: str | Path, out_dir: str | Path, rec
     run_dir.mkdir(parents=True)
     args = launcher_args(data_dir, target_dir, run_dir, recipe, bs, decay_horizon(recipe, decay_steps),
                          num_workers, check)
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), WANDB_MODE="disabled",
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    log = run_dir / "launcher.log"
-    start = time.perf_counter()
-    with open(log, "w") as f:
-        proc = subprocess.run(args, cwd=run_dir, env=env, stdout=f, stderr=subprocess.STDOUT, timeout=timeout)
-    if proc.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-        raise RuntimeError(f"{TRAINER} launcher exited with {proc.returncode} after {time.perf_counter() - start:.0f}s "
-                           f"(log: {log}):\n{tail}")
+    env = child_env(threads, foreign=True, WANDB_MODE="disabled")
+    run_logged(args, run_dir / "launcher.log", env, cwd=run_dir, timeout=timeout)
     summary = json.loads((run_dir / "summary.json").read_text())
     head_dir = convert(run_dir / "state_final", out / "head", target=str(target_dir))
     if check:

@@ -44,11 +44,9 @@ all the given records are training rows and only that copy is held out.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import shutil
 import struct
-import subprocess
 from pathlib import Path
 
 import torch
@@ -56,6 +54,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from data_prep.store import FeatureStore
+from eagle.common.child_process import child_env, run_logged
 from evaluation.parity_run import CurvePoint, Recipe, TrainerRun
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -269,15 +268,7 @@ def write_vocab(draft_ids: list[int], vocab_size: int, out_dir: Path) -> tuple[P
 
 
 def _run(command: list[str], log: Path, threads: int, cwd: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), OPENBLAS_NUM_THREADS=str(threads),
-               TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               PYTHONUNBUFFERED="1", COLUMNS="200")
-    with open(log, "w") as sink:
-        done = subprocess.run(command, cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT)
-    if done.returncode:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-25:])
-        raise RuntimeError(f"{shlex.join(command)} failed (exit {done.returncode}); {log}:\n{tail}")
+    run_logged(command, log, child_env(threads, foreign=True, COLUMNS="200"), cwd=cwd)
 
 
 def train_command(data_dir: Path, target_dir: Path, out_dir: Path, recipe: Recipe, vocab: tuple[Path, Path] | None,

@@ -11,11 +11,13 @@ Threads: the engine is bound to cores 0..threads-1 (VLLM_CPU_OMP_THREADS_BIND).
 from __future__ import annotations
 
 import json
-import os
 import subprocess
+import tempfile
 from pathlib import Path
 
 import torch
+
+from eagle.common.child_process import TAIL_LINES, child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = ROOT / ".consumers" / "vllm" / "bin" / "python"
@@ -35,11 +37,11 @@ class VllmEngine:
         config = {"target": str(target), "head": str(head) if head else None, "method": method,
                   "num_speculative_tokens": spec_tokens, "dtype": str(dtype).removeprefix("torch."),
                   "enforce_eager": eager}
-        env = {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": "0" if threads <= 1 else f"0-{threads - 1}",
-               "VLLM_CPU_KVCACHE_SPACE": "2", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
-        env.pop("PYTHONPATH", None)
+        env = child_env(threads, foreign=True, VLLM_CPU_KVCACHE_SPACE="2",
+                        VLLM_CPU_OMP_THREADS_BIND="0" if threads <= 1 else f"0-{threads - 1}")
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-engine-", suffix=".log", delete=False)
         self.proc = subprocess.Popen([str(PYTHON), str(SERVER), json.dumps(config)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
         ready = self._reply()
         self.startup_seconds, self.version = ready["startup_seconds"], ready["vllm"]
 
@@ -47,8 +49,8 @@ class VllmEngine:
         line = self.proc.stdout.readline()
         if not line:
             code = self.proc.wait()
-            raise RuntimeError(f"the vLLM engine exited (code {code}); run scripts/consumers/vllm_server.py by hand "
-                               f"to see its log")
+            tail = "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-TAIL_LINES:])
+            raise RuntimeError(f"the vLLM engine exited (code {code}); {self.log.name} ends:\n{tail}")
         return json.loads(line)
 
     def generate(self, ids: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, int, float, list[int]]:
@@ -73,6 +75,8 @@ class VllmEngine:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
+        self.log.close()
+        Path(self.log.name).unlink(missing_ok=True)
 
 
 def rss_mb(pid: int, descendants: bool = False) -> float:

@@ -1,12 +1,14 @@
-"""Regeneration speed: our batched reply loop against HF `generate` on the same prompts.
+"""Regeneration speed: the reply engines of data.regenerate against HF `generate`, on the same prompts.
 
-    python -m experiments.regen_throughput +model=smollm2_135m +prompts=32 +repeats=2
+    python -m experiments.regen_throughput +model=smollm2_135m +prompts=64 +repeats=2 +engines=ours,vllm +threads=2
 
-Takes the first user turn of the first `prompts` conversations of the data source, decodes
-them as one left-padded greedy batch of `data.regen.max_new_tokens` with each method,
-alternating the methods `repeats` times (this machine is noisy), and prints tokens/s of
-each, their ratio (medians) and how many replies are identical. HF's static batch keeps
-computing rows whose reply has ended; ours drops them (data_prep/regenerate.py).
+Takes the first user turn of the first `prompts` conversations of the data source and has each
+method write one greedy reply of up to `data.regen.max_new_tokens` tokens to every prompt,
+alternating the methods `repeats` times (this machine is noisy). Methods: `hf_generate` (one
+static left-padded batch of `data.regen.batch_size` prompts at a time, through `model.generate`)
+and every engine of `+engines` (data_prep/reply_engines.py: `ours`, `vllm`, `openai` with
+data.regen.url). Prints reply tokens/s of each (medians), its ratio to hf_generate, how many
+replies equal hf_generate's, and vLLM's start-up apart from its tokens/s.
 """
 
 from __future__ import annotations
@@ -14,47 +16,64 @@ from __future__ import annotations
 import json
 import statistics
 import time
+from dataclasses import replace
 
 import hydra
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from data_prep.batched_decoding import left_pad
 from data_prep.conversations import read_conversations
-from data_prep.regenerate import ReplyGenerator, left_pad
+from data_prep.data_config import prep_config
+from data_prep.regenerate import ReplyGenerator
+from data_prep.reply_engines import open_engine, stop_ids
 from data_prep.resolvers import register_resolvers
 from eagle.targets.resolve import load_target, resolve_target
 from eagle.targets.tokenizer import load_tokenizer
 
 
-def hf_generate(generator: ReplyGenerator, prompts: list[list[int]]) -> list[str]:
-    """The same batch through `model.generate` (static batch), cut at the first end token."""
-    model, tok, pad = generator.model, generator.tokenizer, generator.pad_id
-    ids, attn = left_pad(prompts, pad)  # [B, W]
-    with torch.inference_mode():
-        out = model.generate(input_ids=ids.to(model.device), attention_mask=attn.to(model.device), max_new_tokens=int(generator.regen.max_new_tokens),
-                             do_sample=False, temperature=None, top_p=None, top_k=None, pad_token_id=pad)
-    ends = generator.eos_ids | {pad}  # generate pads the rows that ended
+def hf_generate(model, tok, prompts: list[list[int]], max_new: int, batch: int, ends: set[int]) -> list[str]:
+    """The prompts through `model.generate` in static batches, each reply cut at its first end token."""
+    pad = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
     texts = []
-    for row in out[:, ids.shape[1]:].tolist():
-        end = next((j for j, t in enumerate(row) if t in ends), len(row))
-        texts.append(tok.decode(row[:end], skip_special_tokens=True).strip())
+    for b in range(0, len(prompts), batch):
+        ids, attn = left_pad(prompts[b:b + batch], pad)  # [B, W]
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=attn, max_new_tokens=max_new, do_sample=False,
+                                 temperature=None, top_p=None, top_k=None, pad_token_id=pad)
+        for row in out[:, ids.shape[1]:].tolist():
+            end = next((j for j, t in enumerate(row) if t in ends | {pad}), len(row))
+            texts.append(tok.decode(row[:end], skip_special_tokens=True).strip())
     return texts
 
 
-@hydra.main(version_base=None, config_path="../conf", config_name="config")
-def main(cfg: DictConfig) -> None:
-    n, repeats = int(cfg.get("prompts", 32)), int(cfg.get("repeats", 2))
-    target_dir = resolve_target(cfg.model.path)
-    tok = load_tokenizer(target_dir, cfg.model.chat_template)
-    model = load_target(target_dir, cfg.model.dtype)
-    regen = OmegaConf.merge(cfg.data.regen, {"temperature": 0.0})
-    generator = ReplyGenerator(model, tok, regen, int(cfg.model.max_len))
+def first_turn_prompts(cfg: DictConfig, tok, n: int, max_new: int) -> list[list[int]]:
     conversations, _ = read_conversations(cfg.data.source, 4 * n)
     firsts = [[m for m in c.messages if m["role"] == "user"][:1] for c in conversations]
     prompts = [list(tok.apply_chat_template(f, add_generation_prompt=True, tokenize=True, return_dict=False))
                for f in firsts if f]
-    prompts = [p for p in prompts if len(p) + int(regen.max_new_tokens) <= int(cfg.model.max_len)][:n]
-    methods = {"hf_generate": lambda: hf_generate(generator, prompts), "ours": lambda: generator.decode_batch(prompts)}
+    return sorted([p for p in prompts if len(p) + max_new <= int(cfg.model.max_len)][:n], key=len)
+
+
+@hydra.main(version_base=None, config_path="../conf", config_name="config")
+def main(cfg: DictConfig) -> None:
+    n, repeats = int(cfg.get("prompts", 64)), int(cfg.get("repeats", 2))
+    threads = int(cfg.get("threads", torch.get_num_threads()))
+    torch.set_num_threads(threads)
+    regen = replace(prep_config(cfg).data.regen, temperature=0.0)
+    target_dir = resolve_target(cfg.model.path)
+    tok = load_tokenizer(target_dir, cfg.model.chat_template)
+    max_len, max_new = int(cfg.model.max_len), int(regen.max_new_tokens)
+    prompts = first_turn_prompts(cfg, tok, n, max_new)
+    model = load_target(target_dir, cfg.model.dtype)
+    ends = set(stop_ids(target_dir, tok))
+    methods = {"hf_generate": lambda: hf_generate(model, tok, prompts, max_new, regen.batch_size, ends)}
+    for name in str(cfg.get("engines", "ours,vllm")).split(","):
+        start = time.perf_counter()
+        engine = open_engine(replace(regen, engine=name), target_dir, cfg.model.dtype, tok, max_len, threads)
+        print(json.dumps({"engine": name, "startup_seconds": round(time.perf_counter() - start, 1)}), flush=True)
+        generator = ReplyGenerator(engine, tok, regen, max_len)
+        methods[name] = lambda g=generator: list(g.decode_by_length(dict(enumerate(prompts))).values())
     rates: dict[str, list[float]] = {m: [] for m in methods}
     replies: dict[str, list[str]] = {}
     for _ in range(repeats):
@@ -66,11 +85,12 @@ def main(cfg: DictConfig) -> None:
             rates[name].append(tokens / seconds)
             print(json.dumps({"method": name, "seconds": round(seconds, 1), "reply_tokens": tokens,
                               "tok_s": round(tokens / seconds, 1)}), flush=True)
-    before, after = (statistics.median(rates[m]) for m in methods)
-    same = sum(a == b for a, b in zip(replies["hf_generate"], replies["ours"]))
-    print(json.dumps({"prompts": len(prompts), "max_new_tokens": int(regen.max_new_tokens),
-                      "median_hf_generate_tok_s": round(before, 1), "median_ours_tok_s": round(after, 1),
-                      "ratio": round(after / before, 3), "identical_replies": same}))
+    base = statistics.median(rates["hf_generate"])
+    print(json.dumps({"prompts": len(prompts), "max_new_tokens": max_new, "threads": threads, "dtype": cfg.model.dtype,
+                      **{f"median_{m}_tok_s": round(statistics.median(r), 1) for m, r in rates.items()},
+                      **{f"{m}_over_hf_generate": round(statistics.median(r) / base, 2) for m, r in rates.items()},
+                      **{f"{m}_replies_equal_hf": sum(a == b for a, b in zip(replies["hf_generate"], replies[m]))
+                         for m in methods}}))
 
 
 if __name__ == "__main__":

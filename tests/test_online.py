@@ -212,7 +212,8 @@ def test_online_reads_regenerated_replies_from_the_reply_cache(tiny_dir, chats, 
     mode), the features from the live target; the records are the regenerated store's."""
     from data_prep import regenerate
 
-    regen = ("data.limit=6", "data.regenerate=true", "data.regen.max_new_tokens=8", "data.regen.batch_size=3")
+    regen = ("data.limit=6", "data.regenerate=true", "data.regen.max_new_tokens=8", "data.regen.batch_size=3",
+             "data.regen.engine=ours")
     where = tmp_path / "store"
     pipeline.prepare(cfg_for(tiny_dir, chats, where, tmp_path / "unused", *regen))
     monkeypatch.setattr(regenerate, "ReplyGenerator", None)  # a second generation would fail here

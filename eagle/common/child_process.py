@@ -1,0 +1,50 @@
+"""Child processes that run a job of their own: a trainer, a reference trainer, a vLLM engine.
+
+Their environment is ours minus what belongs to this process alone:
+- the launcher's rank variables (RANK, MASTER_PORT, ...). A process that has trained in-process
+  has a group of one whose MASTER_PORT is still listening; a child inheriting them would try to
+  serve the same port and fail with EADDRINUSE.
+- for a child in another venv (`foreign`), PYTHONPATH / PYTHONHOME / VIRTUAL_ENV, which would
+  import our packages instead of its own.
+Threads are pinned for the libraries each child may use, and hubs are offline: the target and
+the data are local files.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
+               "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+VENV_VARS = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+TAIL_LINES = 25
+
+
+def child_env(threads: int | None, foreign: bool = False, **extra: str) -> dict[str, str]:
+    """The environment of a child limited to `threads` threads (None: the child's own choice); `extra` last."""
+    dropped = LAUNCH_VARS + (VENV_VARS if foreign else ())
+    env = {k: v for k, v in os.environ.items() if k not in dropped}
+    if threads is not None:
+        env.update({var: str(threads) for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")})
+    env.update(TOKENIZERS_PARALLELISM="false", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               PYTHONUNBUFFERED="1")
+    env.update(extra)
+    return env
+
+
+def run_logged(command: list[str], log: Path, env: dict[str, str], cwd: Path, append: bool = False,
+               timeout: float | None = None) -> float:
+    """Run `command` with its output in `log`; its seconds. A failure raises with the log's last lines."""
+    start = time.perf_counter()
+    with open(log, "a" if append else "w") as sink:
+        done = subprocess.run(command, cwd=cwd, env=env, stdout=sink, stderr=subprocess.STDOUT, timeout=timeout)
+    seconds = time.perf_counter() - start
+    if done.returncode:
+        tail = "\n".join(Path(log).read_text(errors="replace").splitlines()[-TAIL_LINES:])
+        raise RuntimeError(f"{shlex.join(command)} failed (exit {done.returncode}) after {seconds:.0f} s; "
+                           f"{log} ends:\n{tail}")
+    return seconds

