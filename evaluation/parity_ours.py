@@ -37,6 +37,7 @@ def overrides(head: str, store: Path, model: str, out_dir: Path, recipe: Recipe,
             f"train.max_steps={recipe.steps}", f"train.batch_tokens={recipe.batch_tokens}", f"train.lr={recipe.lr}",
             f"train.schedule={recipe.schedule}", f"train.warmup_steps={recipe.warmup_steps}",
             f"train.min_lr_ratio={recipe.min_lr_ratio}", f"train.weight_decay={recipe.weight_decay}",
+            f"train.optimizer={recipe.optimizer}",
             f"train.ttt_steps={recipe.ttt_steps}", f"train.ttt_decay={recipe.ttt_decay}",
             "train.decay_steps=null", "train.tau_every=0", "train.eval_every=0", "train.log_every=5",
             f"train.save_every={max(25, recipe.steps // 4)}", "train.progress=false", "wandb.mode=disabled"]

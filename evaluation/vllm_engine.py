@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from eagle.common.child_process import TAIL_LINES, child_env
+from eagle.common.child_process import TAIL_LINES, VLLM_CHILD_ENV, child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = ROOT / ".consumers" / "vllm" / "bin" / "python"
@@ -37,7 +37,7 @@ class VllmEngine:
         config = {"target": str(target), "head": str(head) if head else None, "method": method,
                   "num_speculative_tokens": spec_tokens, "dtype": str(dtype).removeprefix("torch."),
                   "enforce_eager": eager}
-        env = child_env(threads, foreign=True, VLLM_CPU_KVCACHE_SPACE="2",
+        env = child_env(threads, foreign=True, VLLM_CPU_KVCACHE_SPACE="2", **VLLM_CHILD_ENV,
                         VLLM_CPU_OMP_THREADS_BIND="0" if threads <= 1 else f"0-{threads - 1}")
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-engine-", suffix=".log", delete=False)
         self.proc = subprocess.Popen([str(PYTHON), str(SERVER), json.dumps(config)], stdin=subprocess.PIPE,

@@ -34,6 +34,10 @@ class TrainConfig:
     eagle3_norms: bool = False  # EAGLE-3: speculators' variant (norm before fc, normed residual, normed output)
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay: float = 0.0
+    optimizer: str = "adamw"  # adamw | muon (train/optimizers.py: Muon for the weight matrices, AdamW for the rest)
+    muon_lr: float | None = None  # Muon's lr (None: lr), scaled per matrix as torch's match_rms_adamw
+    muon_momentum: float = 0.95
+    muon_weight_decay: float = 0.1
     warmup_steps: int = 2000  # steps of a one-process run; N ranks advance the schedule N per step (as EAGLE's)
     decay_steps: int | None = 800000  # end of the decay, in the same steps; None = the end of the run
     schedule: str = "linear"  # linear | cosine | constant

@@ -1,4 +1,4 @@
-"""DeepSpeed setup: process group, DeepSpeed config, optimizer, LR schedule, full weights.
+"""DeepSpeed setup: process group, DeepSpeed config, optimizer (train/optimizers.py), LR schedule, full weights.
 
 Always `deepspeed.initialize`, also for one process without a launcher: `init_distributed`
 joins the program's one process group (eagle/common/distributed.py), a group of one without a
@@ -17,6 +17,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from eagle.common import distributed
+from train.optimizers import build_optimizer
 
 NEVER = 10**12  # DeepSpeed's own step printing: off (we log ourselves)
 
@@ -82,14 +83,13 @@ def lr_lambda(warmup: int, total: int, schedule: str, min_ratio: float, world: i
 
 
 def build_engine(head: nn.Module, cfg: DictConfig, total_steps: int, world: int = 1):
-    """deepspeed.initialize with a torch AdamW and a LambdaLR schedule; returns the engine.
+    """deepspeed.initialize with the optimizer of train.optimizer and a LambdaLR schedule; returns the engine.
 
     The decay ends at train.decay_steps (one-process steps), else at the end of this run."""
     import deepspeed
 
     t = cfg.train
-    params = [p for p in head.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=t.lr, betas=tuple(t.betas), weight_decay=t.weight_decay)
+    optimizer = build_optimizer(head, t, int(cfg.deepspeed.get("zero_optimization", {}).get("stage", 0)))
     horizon = t.decay_steps or total_steps * world
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(t.warmup_steps, horizon, t.schedule, t.min_lr_ratio, world)

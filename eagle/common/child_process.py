@@ -22,6 +22,10 @@ LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RA
                "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 VENV_VARS = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
 TAIL_LINES = 25
+# vLLM 0.32 on torch 2.13 reloads its AOT-compiled model from ~/.cache/vllm in a second process, fails
+# ('function' object has no attribute 'finalize_loading'), recompiles and dies of a stack overflow;
+# without AOT compile it compiles through inductor's cache as before.
+VLLM_CHILD_ENV = {"VLLM_USE_AOT_COMPILE": "0"}
 
 
 def child_env(threads: int | None, foreign: bool = False, **extra: str) -> dict[str, str]:

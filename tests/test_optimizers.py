@@ -1,0 +1,64 @@
+"""train/optimizers.py: which parameters Muon steps, and that its step is torch's Muon with
+speculators' setting (adjust_lr_fn="match_rms_adamw") while the rest is AdamW's."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from torch import nn
+
+from train.optimizers import build_optimizer, muon_matrix
+
+
+def config(optimizer: str, **changes) -> SimpleNamespace:
+    base = dict(optimizer=optimizer, lr=1e-3, betas=[0.9, 0.95], weight_decay=0.01, muon_lr=None,
+                muon_momentum=0.95, muon_weight_decay=0.1)
+    return SimpleNamespace(**{**base, **changes})
+
+
+class Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(96, 8, bias=True)  # wide [8, 96]: step scale 0.2 * sqrt(96) = 1.96
+        self.down = nn.Linear(8, 64, bias=False)  # tall [64, 8]: 0.2 * sqrt(64) / sqrt(64 / 8) = 0.57
+        self.norm = nn.LayerNorm(64)
+        self.lm_head = nn.Linear(64, 40, bias=False)
+
+
+def test_muon_takes_the_weight_matrices_and_leaves_vocabulary_matrices_norms_and_biases_to_adamw():
+    head = Head()
+    chosen = {n for n, p in head.named_parameters() if muon_matrix(n, p)}
+    assert chosen == {"fc.weight", "down.weight"}
+    assert not muon_matrix("row", torch.zeros(1, 8))  # a degenerate [1, N] matrix is a vector
+    with pytest.raises(ValueError, match="train.optimizer='sgd': choose one of adamw, muon"):
+        build_optimizer(head, config("sgd"))
+    with pytest.raises(ValueError, match="muon runs with ZeRO stage 0.*not stage 2"):
+        build_optimizer(head, config("muon"), zero_stage=2)
+
+
+@pytest.mark.parametrize("name", ["fc.weight", "down.weight"])
+def test_a_muon_step_is_torchs_muon_with_match_rms_adamw(name):
+    """Three steps on a wide and a tall matrix: the same update as torch's Muon up to its bf16
+    Newton-Schulz (DeepSpeed's and torch's round differently), and AdamW's exactly for the rest."""
+    torch.manual_seed(0)
+    head = Head()
+    start = {n: p.detach().clone() for n, p in head.named_parameters()}
+    ref = {n: p.detach().clone().requires_grad_(True) for n, p in head.named_parameters()}
+    grads = [{n: torch.randn_like(p) for n, p in head.named_parameters()} for _ in range(3)]
+    ours = build_optimizer(head, config("muon", muon_lr=0.02))
+    theirs = torch.optim.Muon([ref[name]], lr=0.02, weight_decay=0.1, momentum=0.95, adjust_lr_fn="match_rms_adamw")
+    adamw = torch.optim.AdamW([ref["norm.weight"], ref["lm_head.weight"]], lr=1e-3, betas=(0.9, 0.95),
+                              weight_decay=0.01)
+    params = dict(head.named_parameters())
+    for step in grads:
+        for n, p in params.items():
+            p.grad, ref[n].grad = step[n].clone(), step[n].clone()
+        ours.step()
+        theirs.step()
+        adamw.step()
+    moved, expected = params[name].detach() - start[name], ref[name].detach() - start[name]
+    assert (moved - expected).norm() < 0.03 * expected.norm()
+    for n in ("norm.weight", "lm_head.weight"):
+        assert torch.allclose(params[n], ref[n], atol=1e-6)
