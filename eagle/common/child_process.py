@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -49,6 +50,7 @@ def run_logged(command: list[str], log: Path, env: dict[str, str], cwd: Path, ap
     seconds = time.perf_counter() - start
     if done.returncode:
         tail = "\n".join(Path(log).read_text(errors="replace").splitlines()[-TAIL_LINES:])
-        raise RuntimeError(f"{shlex.join(command)} failed (exit {done.returncode}) after {seconds:.0f} s; "
-                           f"{log} ends:\n{tail}")
+        how = (f"was killed by {signal.Signals(-done.returncode).name}" + (" (out of memory?)" if done.returncode == -9
+               else "")) if done.returncode < 0 else f"failed (exit {done.returncode})"
+        raise RuntimeError(f"{shlex.join(command)} {how} after {seconds:.0f} s; {log} ends:\n{tail}")
     return seconds
