@@ -1,6 +1,6 @@
 """Regeneration speed: the reply engines of data.regenerate against HF `generate`, on the same prompts.
 
-    python -m experiments.regen_throughput +model=smollm2_135m +prompts=64 +repeats=2 +engines=ours,vllm +threads=2
+    python -m experiments.regen_throughput +model=smollm2_135m +prompts=64 +repeats=2 "+engines='ours,vllm'" +threads=2
 
 Takes the first user turn of the first `prompts` conversations of the data source and has each
 method write one greedy reply of up to `data.regen.max_new_tokens` tokens to every prompt,
@@ -8,7 +8,8 @@ alternating the methods `repeats` times (this machine is noisy). Methods: `hf_ge
 static left-padded batch of `data.regen.batch_size` prompts at a time, through `model.generate`)
 and every engine of `+engines` (data_prep/reply_engines.py: `ours`, `vllm`, `openai` with
 data.regen.url). Prints reply tokens/s of each (medians), its ratio to hf_generate, how many
-replies equal hf_generate's, and vLLM's start-up apart from its tokens/s.
+replies equal hf_generate's, and vLLM's start-up apart from its tokens/s. `+hf=false` leaves
+HF `generate` out (the engines alone, e.g. on a chunk's 256 prompts).
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ def main(cfg: DictConfig) -> None:
     model = load_target(target_dir, cfg.model.dtype)
     ends = set(stop_ids(target_dir, tok))
     methods = {"hf_generate": lambda: hf_generate(model, tok, prompts, max_new, regen.batch_size, ends)}
+    if not cfg.get("hf", True):  # +hf=false: the engines alone (HF generate takes minutes per 64 prompts)
+        methods = {}
     for name in str(cfg.get("engines", "ours,vllm")).split(","):
         start = time.perf_counter()
         engine = open_engine(replace(regen, engine=name), target_dir, cfg.model.dtype, tok, max_len, threads)
@@ -85,12 +88,14 @@ def main(cfg: DictConfig) -> None:
             rates[name].append(tokens / seconds)
             print(json.dumps({"method": name, "seconds": round(seconds, 1), "reply_tokens": tokens,
                               "tok_s": round(tokens / seconds, 1)}), flush=True)
-    base = statistics.median(rates["hf_generate"])
-    print(json.dumps({"prompts": len(prompts), "max_new_tokens": max_new, "threads": threads, "dtype": cfg.model.dtype,
-                      **{f"median_{m}_tok_s": round(statistics.median(r), 1) for m, r in rates.items()},
-                      **{f"{m}_over_hf_generate": round(statistics.median(r) / base, 2) for m, r in rates.items()},
-                      **{f"{m}_replies_equal_hf": sum(a == b for a, b in zip(replies["hf_generate"], replies[m]))
-                         for m in methods}}))
+    summary = {"prompts": len(prompts), "max_new_tokens": max_new, "threads": threads, "dtype": cfg.model.dtype,
+               **{f"median_{m}_tok_s": round(statistics.median(r), 1) for m, r in rates.items()}}
+    if "hf_generate" in rates:
+        base = statistics.median(rates["hf_generate"])
+        summary.update({f"{m}_over_hf_generate": round(statistics.median(r) / base, 2) for m, r in rates.items()})
+        summary.update({f"{m}_replies_equal_hf": sum(a == b for a, b in zip(replies["hf_generate"], replies[m]))
+                        for m in methods})
+    print(json.dumps(summary))
 
 
 if __name__ == "__main__":
