@@ -13,11 +13,15 @@ with one line `{"replies": [[ids], ...], "seconds": s}`: every prompt of the req
 
 import json
 import os
+import signal
 import sys
 import time
 
 
 def main(config_json: str) -> None:
+    # SIGTERM ends the process through Python's exit, so vLLM's shutdown stops its engine-core and worker
+    # processes; by default they would outlive this one, holding their memory.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     out = os.fdopen(os.dup(1), "w", buffering=1)  # replies keep the real stdout (not inherited by workers)
     os.dup2(2, 1)  # vLLM's own logging, here and in its workers, goes to stderr
     import vllm

@@ -4,9 +4,12 @@ every engine answers the same token-id prompts with the target's own greedy repl
 from __future__ import annotations
 
 import json
+import signal
 import threading
+import time
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 import torch
@@ -135,3 +138,47 @@ def test_vllm_writes_the_targets_greedy_replies():
     finally:
         engine.close()
     assert got == expected and engine.tokens > 0 and engine.seconds > 0
+
+
+@pytest.mark.slow
+def test_a_terminated_vllm_worker_takes_its_engine_processes_with_it():
+    """SIGTERM to the worker (a job scheduler's, or `kill`) must not leave vLLM's engine core and
+    worker processes behind, each holding gigabytes."""
+    if reply_engines.vllm_python(RegenConfig()) is None:
+        pytest.skip(f"no vLLM here: run `bash scripts/setup_consumers.sh vllm` ({reply_engines.CONSUMER_VLLM})")
+    target = embedded_target_or_skip()
+    engine = reply_engines.open_engine(replace(GREEDY, engine="vllm"), target, "bfloat16", load_tokenizer(target),
+                                       128, threads=1, eager=True)
+    children = descendants(engine.proc.pid)
+    assert children  # vLLM's engine core and its worker
+    engine.proc.send_signal(signal.SIGTERM)
+    engine.proc.wait(timeout=60)
+    deadline = time.monotonic() + 60
+    while any(alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not [pid for pid in children if alive(pid)]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process under `pid` (Linux /proc)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError):
+            continue
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, parent in parents.items() if parent == p]
+        out += kids
+        todo += kids
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

@@ -29,6 +29,9 @@ def counters(llm) -> dict:
 
 def main(config_json: str) -> None:
     import os
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # exit through vLLM's shutdown: no orphaned workers
 
     out = os.fdopen(os.dup(1), "w", buffering=1)  # replies keep the real stdout (not inherited by workers)
     os.dup2(2, 1)  # vLLM's own logging, here and in its workers, goes to stderr
