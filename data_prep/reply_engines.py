@@ -142,7 +142,7 @@ class VllmEngine:
         env = child_env(threads, foreign=python != sys.executable, **extra)  # threads None: vLLM's choice
         start = time.perf_counter()
         self.proc = subprocess.Popen([python, str(WORKER), json.dumps(config)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env)
+                                     stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
         ready = self._reply()
         log.info("vLLM %s ready in %.0f s (%.0f s with its start)", ready["vllm"], ready["startup_seconds"],
                  time.perf_counter() - start)

@@ -11,6 +11,7 @@ with one line `{"replies": [[ids], ...], "seconds": s}`: every prompt of the req
 `LLM.generate` at once, and vLLM batches them as its scheduler sees fit.
 """
 
+import ctypes
 import json
 import os
 import signal
@@ -18,10 +19,21 @@ import sys
 import time
 
 
+def stop_with_parent() -> None:
+    """End this process group (this script, vLLM's engine core and its workers: the parent starts it in a
+    session of its own) on SIGTERM and when the parent dies. vLLM's processes would otherwise outlive
+    this one, each holding gigabytes, when it is killed in the middle of a batch."""
+    signal.signal(signal.SIGTERM, lambda *_: os.killpg(0, signal.SIGKILL))
+    try:
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG (Linux): SIGTERM when the parent dies
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() == 1:  # the parent died before that
+        os.killpg(0, signal.SIGKILL)
+
+
 def main(config_json: str) -> None:
-    # SIGTERM ends the process through Python's exit, so vLLM's shutdown stops its engine-core and worker
-    # processes; by default they would outlive this one, holding their memory.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    stop_with_parent()
     out = os.fdopen(os.dup(1), "w", buffering=1)  # replies keep the real stdout (not inherited by workers)
     os.dup2(2, 1)  # vLLM's own logging, here and in its workers, goes to stderr
     import vllm

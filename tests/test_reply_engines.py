@@ -142,8 +142,8 @@ def test_vllm_writes_the_targets_greedy_replies():
 
 @pytest.mark.slow
 def test_a_terminated_vllm_worker_takes_its_engine_processes_with_it():
-    """SIGTERM to the worker (a job scheduler's, or `kill`) must not leave vLLM's engine core and
-    worker processes behind, each holding gigabytes."""
+    """SIGTERM to the worker (a job scheduler's, or `kill`) in the middle of a batch must not leave
+    vLLM's engine core and worker processes behind, each holding gigabytes."""
     if reply_engines.vllm_python(RegenConfig()) is None:
         pytest.skip(f"no vLLM here: run `bash scripts/setup_consumers.sh vllm` ({reply_engines.CONSUMER_VLLM})")
     target = embedded_target_or_skip()
@@ -151,6 +151,11 @@ def test_a_terminated_vllm_worker_takes_its_engine_processes_with_it():
                                        128, threads=1, eager=True)
     children = descendants(engine.proc.pid)
     assert children  # vLLM's engine core and its worker
+    busy = {"prompts": [[1, 2, 3]] * 64, "max_tokens": [128] * 64, "seeds": list(range(64)), "temperature": 0.0,
+            "top_p": 1.0, "stop_token_ids": []}
+    engine.proc.stdin.write(json.dumps(busy) + "\n")  # killed in the middle of a batch
+    engine.proc.stdin.flush()
+    time.sleep(3)
     engine.proc.send_signal(signal.SIGTERM)
     engine.proc.wait(timeout=60)
     deadline = time.monotonic() + 60
