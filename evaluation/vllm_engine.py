@@ -41,7 +41,8 @@ class VllmEngine:
                         VLLM_CPU_OMP_THREADS_BIND="0" if threads <= 1 else f"0-{threads - 1}")
         self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-engine-", suffix=".log", delete=False)
         self.proc = subprocess.Popen([str(PYTHON), str(SERVER), json.dumps(config)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env)
+                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
+                                     start_new_session=True)  # a group of its own: data_prep/vllm_worker.py
         ready = self._reply()
         self.startup_seconds, self.version = ready["startup_seconds"], ready["vllm"]
 

@@ -29,9 +29,11 @@ def counters(llm) -> dict:
 
 def main(config_json: str) -> None:
     import os
-    import signal
 
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # exit through vLLM's shutdown: no orphaned workers
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "data_prep"))
+    from vllm_worker import stop_with_parent  # stdlib only: vLLM's processes end with this one
+
+    stop_with_parent()
 
     out = os.fdopen(os.dup(1), "w", buffering=1)  # replies keep the real stdout (not inherited by workers)
     os.dup2(2, 1)  # vLLM's own logging, here and in its workers, goes to stderr
