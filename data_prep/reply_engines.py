@@ -35,7 +35,7 @@ from transformers import GenerationConfig
 
 from data_prep.data_config import RegenConfig
 from eagle.common import distributed
-from eagle.common.child_process import VLLM_CHILD_ENV, child_env
+from eagle.common.child_process import VLLM_CHILD_ENV, child_env, stop_child
 from eagle.targets.tokenizer import eos_token_ids
 
 log = logging.getLogger("data_prep")
@@ -169,12 +169,7 @@ class VllmEngine:
         return [self.tokenizer.decode(r, skip_special_tokens=True).strip() for r in replies]
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_child(self.proc, timeout=60)
 
 
 class OpenAIEngine:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from eagle.common.child_process import TAIL_LINES, VLLM_CHILD_ENV, child_env
+from eagle.common.child_process import TAIL_LINES, VLLM_CHILD_ENV, child_env, stop_child
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = ROOT / ".consumers" / "vllm" / "bin" / "python"
@@ -70,12 +70,7 @@ class VllmEngine:
     def close(self) -> None:
         """Stop the engine; `rss_at_close_mb` keeps its resident memory just before."""
         self.rss_at_close_mb = self.rss_mb()
-        if self.proc.poll() is None:
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
+        stop_child(self.proc, timeout=30)
         self.log.close()
         Path(self.log.name).unlink(missing_ok=True)
 

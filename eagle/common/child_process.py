@@ -54,3 +54,16 @@ def run_logged(command: list[str], log: Path, env: dict[str, str], cwd: Path, ap
                else "")) if done.returncode < 0 else f"failed (exit {done.returncode})"
         raise RuntimeError(f"{shlex.join(command)} {how} after {seconds:.0f} s; {log} ends:\n{tail}")
     return seconds
+
+
+def stop_child(proc: subprocess.Popen, timeout: float) -> None:
+    """End a child that serves requests on its stdin: close that, wait `timeout` s, then kill its process
+    group (a child started with start_new_session=True leads one, holding e.g. vLLM's processes)."""
+    if proc.poll() is not None:
+        return
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
