@@ -9,23 +9,17 @@ save_checkpoint writes `latest` from rank 0 without waiting) must not be resumed
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import sys
-import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from eagle.common.distributed import free_port
+from tests.gloo_ranks import run_in_group
 from train.checkpoint_files import MARKER, problem, write_marker, write_text_atomic
 from train.checkpoints import resume_from, save_checkpoint, step_tag
-
-DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
-
 
 def tiny_engine(extra: dict | None = None):
     """A ZeRO-2 DeepSpeed engine over one Linear layer (bf16, CPU; `extra`: more DeepSpeed config), one
@@ -47,34 +41,6 @@ def step(engine) -> None:
     x = torch.ones(2, 16, dtype=torch.bfloat16)
     engine.backward(engine(x).float().pow(2).sum())
     engine.step()
-
-
-def _rank_main(fn, rank: int, world: int, port: int, args: tuple) -> None:
-    for k in DIST_VARS:
-        os.environ.pop(k, None)
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", timeout=timedelta(seconds=40))
-    fn(rank, *args)
-
-
-def run_ranks(fn, args: tuple, world: int = 2, timeout: float = 240) -> list[int | None]:
-    """Exit codes of `world` spawned ranks running fn(rank, *args) (None: still running, then killed)."""
-    ctx = multiprocessing.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(fn, r, world, port, args)) for r in range(world)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    codes = [p.exitcode for p in procs]
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
-    return codes
 
 
 def _dies_inside_the_save(rank: int, ckpt: Path, out: Path) -> None:
@@ -103,7 +69,7 @@ def _dies_inside_the_save(rank: int, ckpt: Path, out: Path) -> None:
 @pytest.mark.slow
 def test_a_rank_dying_inside_the_save_leaves_latest_on_the_checkpoint_before(tmp_path):
     ckpt = tmp_path / "checkpoints"
-    codes = run_ranks(_dies_inside_the_save, (ckpt, tmp_path))
+    codes = run_in_group(_dies_inside_the_save, (ckpt, tmp_path))
     assert codes[1] == 3, codes
     assert (ckpt / "latest").read_text() == step_tag(2)
     outcome = json.loads((tmp_path / "rank0.json").read_text())["outcome"]
@@ -134,7 +100,7 @@ def _deepspeed_moved_latest_early(rank: int, ckpt: Path, out: Path) -> None:
 @pytest.mark.slow
 def test_resume_skips_a_checkpoint_whose_partition_a_dying_rank_cut(tmp_path):
     ckpt = tmp_path / "checkpoints"
-    assert run_ranks(_deepspeed_moved_latest_early, (ckpt, tmp_path)) == [0, 0]
+    assert run_in_group(_deepspeed_moved_latest_early, (ckpt, tmp_path)) == [0, 0]
     assert (ckpt / "latest").read_text().strip() == step_tag(4)
     for rank in range(2):
         assert json.loads((tmp_path / f"rank{rank}.json").read_text()) == {"tag": step_tag(2), "step": 2}

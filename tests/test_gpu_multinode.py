@@ -8,52 +8,27 @@ The "nodes" are processes on 127.0.0.1 that torchrun starts with --nnodes 2 and 
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
-import time
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
-import torch
 
 from eagle.common.distributed import free_port
+from tests.gloo_ranks import run_in_group
 
 PY = sys.executable
-DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
 
 
 # ---- two gloo ranks, one per "node" --------------------------------------------------------------
 
 
-def _rank_main(fn, rank: int, port: int, args: tuple) -> None:
-    for k in DIST_VARS:
-        os.environ.pop(k, None)
-    os.environ.update(RANK=str(rank), LOCAL_RANK="0", GROUP_RANK=str(rank), WORLD_SIZE="2",
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-    torch.set_num_threads(1)
-    torch.distributed.init_process_group("gloo", timeout=timedelta(seconds=60))
-    fn(rank, *args)
-
-
 def on_two_nodes(fn, *args, timeout: float = 240) -> list[int | None]:
     """Exit codes of two spawned ranks, each alone on its "node", running fn(rank, *args)."""
-    ctx = multiprocessing.get_context("spawn")
-    port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(fn, rank, port, args)) for rank in range(2)]
-    for p in procs:
-        p.start()
-    deadline = time.monotonic() + timeout
-    for p in procs:
-        p.join(max(0.0, deadline - time.monotonic()))
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-            p.join()
-    return [p.exitcode for p in procs]
+    nodes = [{"LOCAL_RANK": "0", "GROUP_RANK": str(rank)} for rank in range(2)]
+    return run_in_group(fn, args, env=nodes, timeout=timeout)
 
 
 def _each(rank: int, check, cases: list[list[str]], out: Path) -> None:
