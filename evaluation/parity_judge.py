@@ -33,17 +33,20 @@ class ParityJudge:
     """One target, one prompt list; `score` decodes a head with both judges."""
 
     def __init__(self, target_dir: Path, prompts: str, num_prompts: int, max_new_tokens: int,
-                 dtype: torch.dtype, spec_tokens: int = 3, vllm: bool = True):
+                 dtype: torch.dtype, spec_tokens: int = 3, vllm: bool = True, ours: bool = True):
+        """vllm / ours: judge with vLLM's counters / with our decoder (eager, so slower on long runs)."""
         self.target_dir, self.max_new_tokens, self.dtype = target_dir, max_new_tokens, dtype
-        self.spec_tokens, self.vllm = spec_tokens, vllm
+        self.spec_tokens, self.vllm, self.ours = spec_tokens, vllm, ours
         self.tokenizer = load_tokenizer(target_dir)
         self.prompts = encode_prompts(self.tokenizer, held_back_prompts(prompts, num_prompts))
         self.target = load_target(target_dir, dtype)
 
     def score(self, head_dir: Path) -> dict:
         head = load_head(head_dir, dtype=self.dtype)
-        out = self._ours(head, "chain3", TreeSettings(tree=chain_choices(self.spec_tokens)))
-        out.update(self._ours(head, "tree", TREES["tree"]))
+        out = {}
+        if self.ours:
+            out.update(self._ours(head, "chain3", TreeSettings(tree=chain_choices(self.spec_tokens))))
+            out.update(self._ours(head, "tree", TREES["tree"]))
         out.update(self._vllm(head_dir, head.config))
         return out
 

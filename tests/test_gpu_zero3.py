@@ -36,6 +36,7 @@ def make_trainer(tiny, out, *extra: str) -> Trainer:
     overrides = ["+model=smollm2_135m", f"model.path={tiny / 'target'}", f"store_dir={tiny / 'store'}",
                  f"output_dir={out}", "wandb.mode=disabled", "head=eagle3", "model.feature_layers=[0,1,2,-1]",
                  "train.draft_vocab=256", "train.ttt_steps=3", "train.batch_tokens=128", "train.lr=3e-3",
+                 "train.optimizer=adamw", "train.freeze_lm_head=false",  # Muon runs at ZeRO stage 0 only
                  "train.warmup_steps=0", "train.eval_fraction=0.25", "train.eval_every=0", "train.save_every=0",
                  "train.tau_every=0", "train.progress=false", "train.max_steps=2", *extra]
     with initialize_config_dir(config_dir=str(CONF), version_base=None):

@@ -3,6 +3,7 @@ speculators' setting (adjust_lr_fn="match_rms_adamw") while the rest is AdamW's.
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -34,7 +35,7 @@ def test_muon_takes_the_weight_matrices_and_leaves_vocabulary_matrices_norms_and
     assert not muon_matrix("row", torch.zeros(1, 8))  # a degenerate [1, N] matrix is a vector
     with pytest.raises(ValueError, match="train.optimizer='sgd': choose one of adamw, muon"):
         build_optimizer(head, config("sgd"))
-    with pytest.raises(ValueError, match="muon runs with ZeRO stage 0.*not stage 2"):
+    with pytest.raises(ValueError, match="muon .* runs with ZeRO stage 0.*not stage 2: set train.optimizer=adamw"):
         build_optimizer(head, config("muon"), zero_stage=2)
 
 
@@ -62,3 +63,44 @@ def test_a_muon_step_is_torchs_muon_with_match_rms_adamw(name):
     assert (moved - expected).norm() < 0.03 * expected.norm()
     for n in ("norm.weight", "lm_head.weight"):
         assert torch.allclose(params[n], ref[n], atol=1e-6)
+
+
+def _three_muon_steps(rank: int, out: Path) -> None:
+    """Three steps of a DeepSpeed ZeRO-0 bf16 engine with our Muon, the same batches on every rank."""
+    import os
+    import sys
+
+    import deepspeed
+
+    os.environ.setdefault("TORCH_EXTENSIONS_DIR", os.path.join(sys.prefix, "torch_extensions"))
+    torch.manual_seed(0)
+    head = Head()
+    conf = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 0}, "bf16": {"enabled": True},
+            "steps_per_print": 10**12}
+    engine, *_ = deepspeed.initialize(model=head, optimizer=build_optimizer(head, config("muon", muon_lr=0.02)),
+                                      config=conf, dist_init_required=False)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        x = torch.randn(4, 96, generator=g).bfloat16()
+        engine.backward(head.lm_head(head.norm(head.down(head.fc(x)))).float().pow(2).mean())
+        engine.step()
+    if rank == 0:
+        torch.save({n: p.detach().float() for n, p in head.named_parameters()}, out)
+
+
+@pytest.mark.slow
+def test_muon_on_two_ranks_steps_exactly_as_on_one(tmp_path):
+    """Data-parallel Muon at ZeRO-0 (DeepSpeed's bf16 optimizer partitions the fp32 master weights over
+    the ranks and gathers each matrix whole for Newton-Schulz): two gloo ranks given the same batches
+    end with the same weights as one rank, and every matrix moved."""
+    from tests.gloo_ranks import run_in_group
+
+    weights = {}
+    for world in (1, 2):
+        assert run_in_group(_three_muon_steps, (tmp_path / f"world{world}.pt",), world=world) == [0] * world
+        weights[world] = torch.load(tmp_path / f"world{world}.pt")
+    torch.manual_seed(0)
+    start = {n: p.detach().float() for n, p in Head().named_parameters()}
+    for name, p in weights[2].items():
+        assert torch.equal(p, weights[1][name]), name
+        assert not torch.equal(p, start[name]), name

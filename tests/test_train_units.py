@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from data_prep.store import Record
 from train.config import validate
 from train.data import BatchPlan, collate, length_batches, split_indices
-from train.engine import compute_dtype, ds_config, lr_lambda
+from train.engine import compute_dtype, ds_config, lr_lambda, schedule_span
 from train.loss import eagle_loss, make_pairs, pass_mask, summarize, uniform_noise, vocab_target
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -176,9 +176,21 @@ def test_gpu_presets_follow_eagle_and_the_embedded_default_keeps_its_recipe():
     assert (eagle.lr, eagle.warmup_steps, eagle.decay_steps, eagle.noise, eagle.noise_ref_len) == (3e-5, 2000, 800000,
                                                                                                     0.2, 512)
     eagle3 = validate(compose_train(["+model=llama3_8b_instruct", "head=eagle3"])).train
-    assert (eagle3.lr, eagle3.noise) == (5e-5, 0.0)
+    recipe = (eagle3.optimizer, eagle3.lr, eagle3.weight_decay, eagle3.ttt_steps, eagle3.ttt_decay, eagle3.eagle3_norms,
+              eagle3.freeze_lm_head, eagle3.schedule, eagle3.noise)
+    assert recipe == ("muon", 1e-3, 0.01, 3, 1.0, True, True, "linear", 0.0)  # speculators' EAGLE-3 defaults
+    assert schedule_span(eagle3, total_steps=5000, world=8) == (400, 40000)  # 1 % warmup, decay to the run's end
+    assert schedule_span(eagle, total_steps=5000, world=8) == (2000, 800000)
+    assert schedule_span(validate(compose_train(["+model=llama3_8b_instruct", "head=eagle3", "train.warmup_steps=50"]))
+                         .train, total_steps=5000, world=8) == (50, 40000)  # a warmup in steps still wins
+    with pytest.raises(ValueError, match=r"train.warmup_steps=null needs train.warmup_ratio in \[0, 1\), got 1.5"):
+        validate(compose_train(["+model=llama3_8b_instruct", "head=eagle3", "train.warmup_ratio=1.5"]))
     small = validate(compose_train(["+model=smollm2_135m"])).train
     assert small.noise_ref_len is None and small.decay_steps is None
+    small3 = validate(compose_train(["+model=smollm2_135m", "head=eagle3"])).train  # the preset's recipe per head
+    assert (small.lr, small.schedule, small.noise) == (5e-4, "cosine", 0.2)
+    assert (small3.lr, small3.schedule, small3.noise, small3.warmup_steps, small3.optimizer) == (1e-3, "linear", 0.0,
+                                                                                                 None, "muon")
 
 
 # ------------------------------------------------------------------ configs

@@ -38,7 +38,8 @@ class TrainConfig:
     muon_lr: float | None = None  # Muon's lr (None: lr), scaled per matrix as torch's match_rms_adamw
     muon_momentum: float = 0.95
     muon_weight_decay: float = 0.1
-    warmup_steps: int = 2000  # steps of a one-process run; N ranks advance the schedule N per step (as EAGLE's)
+    warmup_steps: int | None = 2000  # steps of a one-process run; N ranks advance the schedule N per step (as EAGLE's)
+    warmup_ratio: float | None = None  # with warmup_steps None: warmup = this fraction of the schedule's horizon
     decay_steps: int | None = 800000  # end of the decay, in the same steps; None = the end of the run
     schedule: str = "linear"  # linear | cosine | constant
     min_lr_ratio: float = 0.0
@@ -118,6 +119,8 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise ValueError(f"train.features={t.features!r}: expected one of {FEATURES}")
     if t.schedule not in SCHEDULES:
         raise ValueError(f"train.schedule={t.schedule!r}: expected one of {SCHEDULES}")
+    if t.warmup_steps is None and (t.warmup_ratio is None or not 0.0 <= t.warmup_ratio < 1.0):
+        raise ValueError(f"train.warmup_steps=null needs train.warmup_ratio in [0, 1), got {t.warmup_ratio}")
     if not 0.0 <= t.eval_fraction < 1.0:
         raise ValueError(f"train.eval_fraction={t.eval_fraction}: expected 0 <= f < 1")
     if t.grad_accum < 1 or t.batch_tokens < 2:

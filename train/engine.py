@@ -82,18 +82,24 @@ def lr_lambda(warmup: int, total: int, schedule: str, min_ratio: float, world: i
     return f
 
 
+def schedule_span(t, total_steps: int, world: int = 1) -> tuple[int, int]:
+    """(warmup, horizon) of the lr schedule in one-process steps (`t`: the train config): the decay ends at
+    train.decay_steps, else at the end of this run (`total_steps` optimizer steps of `world` ranks); the
+    warmup is train.warmup_steps, or when that is null train.warmup_ratio of that horizon."""
+    horizon = t.decay_steps or total_steps * world
+    return (t.warmup_steps if t.warmup_steps is not None else round(t.warmup_ratio * horizon)), horizon
+
+
 def build_engine(head: nn.Module, cfg: DictConfig, total_steps: int, world: int = 1):
     """deepspeed.initialize with the optimizer of train.optimizer and a LambdaLR schedule; returns the engine.
 
-    The decay ends at train.decay_steps (one-process steps), else at the end of this run."""
+    Its warmup and decay horizon: schedule_span."""
     import deepspeed
 
     t = cfg.train
     optimizer = build_optimizer(head, t, int(cfg.deepspeed.get("zero_optimization", {}).get("stage", 0)))
-    horizon = t.decay_steps or total_steps * world
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lr_lambda(t.warmup_steps, horizon, t.schedule, t.min_lr_ratio, world)
-    )
+    warmup, horizon = schedule_span(t, total_steps, world)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup, horizon, t.schedule, t.min_lr_ratio, world))
     engine, _, _, _ = deepspeed.initialize(
         model=head, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config(cfg),
         dist_init_required=False,

@@ -8,8 +8,9 @@ A micro-step peaks where the forward over `train.ttt_steps` passes has ended and
 Over T = batch_tokens rows, S = model.max_len, compute element e (bf16: 2), fp32 f = 4:
 
 - the head's states: bf16 weights and gradients, fp32 master weights, Adam's two moments (DeepSpeed's
-  bf16 optimizer at ZeRO-0: 16 bytes per parameter, fp32 alike); ZeRO-1/2 shard the 12 fp32 bytes
-  over `plan_gpu.ranks`, ZeRO-3 all 16 (plus the gathered weights and their gradients while it runs);
+  bf16 optimizer at ZeRO-0: 16 bytes per parameter, fp32 alike; Muon's matrices keep one moment: 12);
+  ZeRO-1/2 shard the fp32 master weights and moments over `plan_gpu.ranks`, ZeRO-3 all of it (plus
+  the gathered weights and their gradients while it runs); a frozen lm_head holds its weights only;
 - frozen matrices: the target's embed and lm_head (online: inside the target's weights when its
   dtype is the compute dtype) and the copy of the draft vocabulary's lm_head rows;
 - the micro-batch: the head's input features, the target's last layer, the token embeddings;
@@ -58,6 +59,8 @@ class StepShape:
     store_element: int  # the features' dtype bytes
     zero_stage: int
     ranks: int  # plan_gpu.ranks: what ZeRO-1/2/3 shard over
+    frozen_head_params: int = 0  # of head_params, out of the optimizer (a frozen EAGLE-3 lm_head)
+    muon_params: int = 0  # of head_params, stepped by Muon (one fp32 moment, not Adam's two)
 
 
 @dataclass
@@ -84,13 +87,17 @@ class StepMemory:
         return self.states + self.frozen + self.target + self.working
 
 
-def state_bytes(params: int, zero_stage: int, ranks: int) -> float:
-    """Head weights, gradients and optimizer states per rank (16 bytes per parameter unsharded)."""
-    if zero_stage >= 3:
-        return params * (16 / ranks + 4)
-    if zero_stage >= 1:
-        return params * (4 + 12 / ranks)
-    return params * 16.0
+def state_bytes(s: StepShape) -> float:
+    """Head weights, gradients and optimizer states per rank: 16 bytes per trained parameter unsharded
+    (12 under Muon), and the weights alone of frozen ones."""
+    trained = s.head_params - s.frozen_head_params
+    optimizer = 12 * trained - FP32 * s.muon_params  # fp32 master weights and the moments
+    frozen = s.frozen_head_params * s.element
+    if s.zero_stage >= 3:
+        return (4 * trained + optimizer + frozen) / s.ranks + 4 * trained
+    if s.zero_stage >= 1:
+        return 4 * trained + optimizer / s.ranks + frozen
+    return 4 * trained + optimizer + frozen
 
 
 def step_memory(s: StepShape) -> StepMemory:
@@ -100,8 +107,8 @@ def step_memory(s: StepShape) -> StepMemory:
     passes = s.passes * t * _per_pass_width(s) + keys_values + masks
     batch = t * (s.store_width * s.store_element + s.hidden * e + (s.input_width * e if s.noise else 0))
     frozen = (s.frozen_rows + s.loss_copy_rows) * s.hidden * e
-    step = s.head_params * STEP_BYTES / (1 if s.zero_stage == 0 else s.ranks)
-    return StepMemory(state_bytes(s.head_params, s.zero_stage, s.ranks), frozen, 0.0, batch, passes, keys_values,
+    step = (s.head_params - s.frozen_head_params) * STEP_BYTES / (1 if s.zero_stage == 0 else s.ranks)
+    return StepMemory(state_bytes(s), frozen, 0.0, batch, passes, keys_values,
                       masks, _loss_bytes(s), step)
 
 

@@ -28,6 +28,7 @@ from eagle.heads.checkpoint import build_head
 from eagle.heads.draft_vocab import draft_vocab_size
 from eagle.heads.eagle2 import DraftConfig
 from train.engine import compute_dtype, ds_config
+from train.optimizers import muon_matrix
 from train.step_memory import StepMemory, StepShape, step_memory
 
 
@@ -132,7 +133,7 @@ def training_plan(cfg: DictConfig) -> TrainPlan:
     store = store_plan(prep)
     t, extra, tr, gpu = store.target, extra_layers(prep.model), cfg.train, cfg.plan_gpu
     rows = _loss_rows(tr.draft_vocab, t, extra)
-    head = head_parameters(t, extra, rows[0], bool(tr.fc_bias))
+    head = head_parameters(t, extra, rows[0], tr)
     shape = _shape(cfg, t, extra, rows, head)
     element = dtype_bytes(prep.model.dtype)
     memory = {"store": step_memory(shape), "online": _online(step_memory(shape), shape, t, extra, element)}
@@ -143,11 +144,11 @@ def training_plan(cfg: DictConfig) -> TrainPlan:
     choice = Choice(round(epochs, 2), 2 * t.params * store.tokens, head_flops, memory["online"].peak / GB,
                     store.store_bytes / (float(gpu.read_gb_per_s) * GB), float(gpu.tflops) * 1e12,
                     float(gpu.read_gb_per_s))
-    judge = _judge_bytes(t, prep.model.max_len, element, head) if tr.tau_every and tr.features == "store" else 0.0
-    return TrainPlan(store, head, memory, judge, cfg, choice)
+    judge = _judge_bytes(t, prep.model.max_len, element, head.total) if tr.tau_every and tr.features == "store" else 0.0
+    return TrainPlan(store, head.total, memory, judge, cfg, choice)
 
 
-def _shape(cfg: DictConfig, t: TargetSizes, extra: int, rows: tuple[int, int], head: int) -> StepShape:
+def _shape(cfg: DictConfig, t: TargetSizes, extra: int, rows: tuple[int, int], head: HeadParams) -> StepShape:
     tr, prep = cfg.train, prep_config(cfg)
     conf = ds_config(cfg)
     drafted = rows[0]
@@ -156,7 +157,8 @@ def _shape(cfg: DictConfig, t: TargetSizes, extra: int, rows: tuple[int, int], h
         tokens=int(tr.batch_tokens), seq=int(prep.model.max_len), passes=int(tr.ttt_steps), hidden=t.hidden,
         intermediate=t.intermediate, attention_width=t.attention_width, kv_width=t.kv_width,
         input_width=t.hidden * max(1, extra), store_width=t.hidden * (1 + extra), draft_rows=drafted,
-        frozen_rows=2 * t.vocab, loss_copy_rows=copied, vocab=t.vocab, head_params=head, eagle3=bool(extra),
+        frozen_rows=2 * t.vocab, loss_copy_rows=copied, vocab=t.vocab, head_params=head.total, eagle3=bool(extra),
+        frozen_head_params=head.frozen, muon_params=head.muon,
         noise=float(tr.noise) > 0, element=torch.empty((), dtype=compute_dtype(conf)).element_size(),
         store_element=dtype_bytes(prep.model.dtype),
         zero_stage=int(conf.get("zero_optimization", {}).get("stage", 0)), ranks=int(cfg.plan_gpu.ranks))
@@ -190,15 +192,29 @@ def _loss_rows(draft_vocab: int | None, t: TargetSizes, extra: int) -> tuple[int
     return drafted, t.vocab if extra else drafted
 
 
-def head_parameters(t: TargetSizes, extra: int, draft_rows: int, fc_bias: bool) -> int:
-    """Parameters of the head a run trains (train/head_config.py), counted on a meta-device copy. A
-    preset without head counts is taken as full multi-head attention of 128-wide heads."""
+@dataclass
+class HeadParams:
+    """Parameters of the head a run trains: all, those out of the optimizer (a frozen lm_head) and those
+    Muon steps (`train.optimizer=muon`: one fp32 moment instead of Adam's two)."""
+
+    total: int
+    frozen: int = 0
+    muon: int = 0
+
+
+def head_parameters(t: TargetSizes, extra: int, draft_rows: int, tr) -> HeadParams:
+    """The parameters of the head `tr` (the train config) trains (train/head_config.py), counted on a
+    meta-device copy. A preset without head counts is taken as full multi-head attention of 128-wide heads."""
     heads = t.heads or max(1, t.hidden // 128)
     cfg = DraftConfig(hidden_size=t.hidden, intermediate_size=t.intermediate, num_attention_heads=heads,
                       num_key_value_heads=t.kv_heads or heads, vocab_size=t.vocab,
-                      head_dim=t.head_dim or t.hidden // heads, fc_bias=fc_bias)
+                      head_dim=t.head_dim or t.hidden // heads, fc_bias=bool(tr.fc_bias))
     if extra:
         cfg.architecture, cfg.feature_layers, cfg.fc_bias = "eagle3", list(range(extra)), False
         cfg.draft_vocab_size = draft_rows
+        cfg.norm_before_fc = cfg.norm_before_residual = cfg.norm_output = bool(tr.eagle3_norms)
     with torch.device("meta"):
-        return sum(p.numel() for p in build_head(cfg).parameters())
+        named = list(build_head(cfg).named_parameters())
+    frozen = {n for n, _ in named if extra and tr.freeze_lm_head and n.startswith("lm_head.")}
+    muon = sum(p.numel() for n, p in named if tr.optimizer == "muon" and n not in frozen and muon_matrix(n, p))
+    return HeadParams(sum(p.numel() for _, p in named), sum(p.numel() for n, p in named if n in frozen), muon)
