@@ -21,7 +21,6 @@ import importlib.util
 import json
 import logging
 import os
-import subprocess
 import sys
 import time
 import types
@@ -35,7 +34,7 @@ from transformers import GenerationConfig
 
 from data_prep.data_config import RegenConfig
 from eagle.common import distributed
-from eagle.common.child_process import VLLM_CHILD_ENV, child_env, stop_child
+from eagle.common.child_process import VLLM_CHILD_ENV, JsonLineChild, child_env
 from eagle.targets.tokenizer import eos_token_ids
 
 log = logging.getLogger("data_prep")
@@ -141,17 +140,10 @@ class VllmEngine:
             extra["VLLM_CPU_OMP_THREADS_BIND"] = "0" if threads == 1 else f"0-{threads - 1}"
         env = child_env(threads, foreign=python != sys.executable, **extra)  # threads None: vLLM's choice
         start = time.perf_counter()
-        self.proc = subprocess.Popen([python, str(WORKER), json.dumps(config)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, text=True, env=env, start_new_session=True)
-        ready = self._reply()
+        self.child = JsonLineChild([python, str(WORKER), json.dumps(config)], env, "vLLM worker")
+        ready = self.child.ready
         log.info("vLLM %s ready in %.0f s (%.0f s with its start)", ready["vllm"], ready["startup_seconds"],
                  time.perf_counter() - start)
-
-    def _reply(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"the vLLM worker exited (code {self.proc.wait()}); its log is above")
-        return json.loads(line)
 
     def generate(self, prompts: list[list[int]], seed: int, settings: RegenConfig) -> list[str]:
         if not prompts:
@@ -159,9 +151,7 @@ class VllmEngine:
         request = {"prompts": prompts, "max_tokens": _budgets(prompts, settings, self.max_len),
                    "seeds": [seed + i for i in range(len(prompts))], "temperature": float(settings.temperature),
                    "top_p": float(settings.top_p), "stop_token_ids": self.stop_ids}
-        self.proc.stdin.write(json.dumps(request) + "\n")
-        self.proc.stdin.flush()
-        reply = self._reply()
+        reply = self.child.ask(request)
         stops = set(self.stop_ids)
         replies = [[t for t in r if t not in stops] for r in reply["replies"]]  # vLLM keeps the end token
         self.tokens += sum(len(r) for r in replies)
@@ -169,7 +159,7 @@ class VllmEngine:
         return [self.tokenizer.decode(r, skip_special_tokens=True).strip() for r in replies]
 
     def close(self) -> None:
-        stop_child(self.proc, timeout=60)
+        self.child.close(timeout=60)
 
 
 class OpenAIEngine:

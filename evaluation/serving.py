@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -33,6 +35,8 @@ from evaluation.vllm_engine import PYTHON as VLLM_PYTHON
 from evaluation.vllm_engine import VllmEngine
 from train.judge import encode_prompts
 
+log = logging.getLogger("serving")
+
 
 class ConsumerMissing(RuntimeError):
     """The consumer's venv is not installed here."""
@@ -46,11 +50,13 @@ def run_vllm(target: Path, prompts: list[torch.Tensor], max_tokens: int, head: P
     engine = VllmEngine(target, head, method, getattr(torch, dtype), torch.get_num_threads(), eager=True,
                         spec_tokens=spec_tokens)
     try:
-        outputs, accepts = [], []
-        for ids in prompts:
+        outputs, accepts, start = [], [], time.perf_counter()
+        for i, ids in enumerate(prompts, 1):
             new, _, _, lengths = engine.generate(ids, max_tokens)
             outputs.append(new.tolist())
             accepts += lengths
+            if i % 10 == 0 or i == len(prompts):
+                log.info("vLLM %s: %d/%d prompts, %.0f s", method or "plain", i, len(prompts), time.perf_counter() - start)
     finally:
         engine.close()
     per_position = [sum(a - 1 >= i for a in accepts) for i in range(1, spec_tokens + 1)]

@@ -11,13 +11,11 @@ Threads: the engine is bound to cores 0..threads-1 (VLLM_CPU_OMP_THREADS_BIND).
 from __future__ import annotations
 
 import json
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
 
-from eagle.common.child_process import TAIL_LINES, VLLM_CHILD_ENV, child_env, stop_child
+from eagle.common.child_process import VLLM_CHILD_ENV, JsonLineChild, child_env
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = ROOT / ".consumers" / "vllm" / "bin" / "python"
@@ -39,25 +37,11 @@ class VllmEngine:
                   "enforce_eager": eager}
         env = child_env(threads, foreign=True, VLLM_CPU_KVCACHE_SPACE="2", **VLLM_CHILD_ENV,
                         VLLM_CPU_OMP_THREADS_BIND="0" if threads <= 1 else f"0-{threads - 1}")
-        self.log = tempfile.NamedTemporaryFile("w+", prefix="vllm-engine-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen([str(PYTHON), str(SERVER), json.dumps(config)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self.log, text=True, env=env,
-                                     start_new_session=True)  # a group of its own: data_prep/vllm_worker.py
-        ready = self._reply()
-        self.startup_seconds, self.version = ready["startup_seconds"], ready["vllm"]
-
-    def _reply(self) -> dict:
-        line = self.proc.stdout.readline()
-        if not line:
-            code = self.proc.wait()
-            tail = "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-TAIL_LINES:])
-            raise RuntimeError(f"the vLLM engine exited (code {code}); {self.log.name} ends:\n{tail}")
-        return json.loads(line)
+        self.child = JsonLineChild([str(PYTHON), str(SERVER), json.dumps(config)], env, "vLLM engine", log=True)
+        self.startup_seconds, self.version = self.child.ready["startup_seconds"], self.child.ready["vllm"]
 
     def generate(self, ids: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, int, float, list[int]]:
-        self.proc.stdin.write(json.dumps({"prompt": ids[0].tolist(), "max_tokens": max_new_tokens}) + "\n")
-        self.proc.stdin.flush()
-        r = self._reply()
+        r = self.child.ask({"prompt": ids[0].tolist(), "max_tokens": max_new_tokens})
         new = torch.tensor(r["tokens"], dtype=torch.long)
         steps = r["drafts"] or max(len(r["tokens"]) - 1, 0)  # one target forward per draft (or per token)
         accepts = _accept_lengths(r["accepted_per_position"], r["drafts"])
@@ -65,14 +49,12 @@ class VllmEngine:
 
     def rss_mb(self) -> float:
         """Resident memory of the engine: its process and every process under it (vLLM's workers), MB."""
-        return rss_mb(self.proc.pid, descendants=True)
+        return rss_mb(self.child.proc.pid, descendants=True)
 
     def close(self) -> None:
         """Stop the engine; `rss_at_close_mb` keeps its resident memory just before."""
         self.rss_at_close_mb = self.rss_mb()
-        stop_child(self.proc, timeout=30)
-        self.log.close()
-        Path(self.log.name).unlink(missing_ok=True)
+        self.child.close(timeout=30)
 
 
 def rss_mb(pid: int, descendants: bool = False) -> float:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from eagle.common.child_process import child_env, run_logged
+from eagle.common.child_process import JsonLineChild, child_env, run_logged
 
 
 def test_a_child_gets_no_launcher_rank_variables_and_a_foreign_one_no_venv(monkeypatch):
@@ -30,3 +30,29 @@ def test_a_failed_or_killed_child_is_reported_with_its_logs_tail(tmp_path):
                    child_env(1), tmp_path)
     assert run_logged([sys.executable, "-c", "print('ok')"], log, child_env(1), tmp_path) >= 0
     assert log.read_text() == "ok\n"
+
+
+ECHO = """
+import json, sys
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    request = json.loads(line)
+    if request.get("die"):
+        print("dying on request", file=sys.stderr, flush=True)
+        raise SystemExit(4)
+    print(json.dumps({"twice": 2 * request["n"]}), flush=True)
+"""
+
+
+def test_a_json_line_child_answers_each_request_and_its_death_quotes_its_log():
+    child = JsonLineChild([sys.executable, "-c", ECHO], child_env(1), "echo server", log=True)
+    assert child.ready == {"ready": True} and child.ask({"n": 21}) == {"twice": 42}
+    with pytest.raises(RuntimeError, match=r"the echo server exited \(code 4\); \S+echo server-\S+\.log ends:\n"
+                                           r"dying on request"):
+        child.ask({"die": True})
+    log = child.log.name
+    child.close(timeout=5)
+    assert not os.path.exists(log)
+    quiet = JsonLineChild([sys.executable, "-c", ECHO], child_env(1), "echo server")
+    quiet.close(timeout=5)  # stdin closed: it ends on its own
+    assert quiet.proc.returncode == 0

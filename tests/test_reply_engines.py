@@ -149,15 +149,15 @@ def test_a_terminated_vllm_worker_takes_its_engine_processes_with_it():
     target = embedded_target_or_skip()
     engine = reply_engines.open_engine(replace(GREEDY, engine="vllm"), target, "bfloat16", load_tokenizer(target),
                                        128, threads=1, eager=True)
-    children = descendants(engine.proc.pid)
+    children = descendants(engine.child.proc.pid)
     assert children  # vLLM's engine core and its worker
     busy = {"prompts": [[1, 2, 3]] * 64, "max_tokens": [128] * 64, "seeds": list(range(64)), "temperature": 0.0,
             "top_p": 1.0, "stop_token_ids": []}
-    engine.proc.stdin.write(json.dumps(busy) + "\n")  # killed in the middle of a batch
-    engine.proc.stdin.flush()
+    engine.child.proc.stdin.write(json.dumps(busy) + "\n")  # killed in the middle of a batch
+    engine.child.proc.stdin.flush()
     time.sleep(3)
-    engine.proc.send_signal(signal.SIGTERM)
-    engine.proc.wait(timeout=60)
+    engine.child.proc.send_signal(signal.SIGTERM)
+    engine.child.proc.wait(timeout=60)
     deadline = time.monotonic() + 60
     while any(alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(1)

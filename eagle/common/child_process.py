@@ -1,5 +1,10 @@
 """Child processes that run a job of their own: a trainer, a reference trainer, a vLLM engine.
 
+    run_logged([...], log, child_env(threads), cwd)        # a job to its end, its output in a log
+    child = JsonLineChild([python, script, config], env)   # a server on its pipes: one JSON line per
+    reply = child.ask({"prompt": [...]})                   # request, one per reply
+    child.close()
+
 Their environment is ours minus what belongs to this process alone:
 - the launcher's rank variables (RANK, MASTER_PORT, ...). A process that has trained in-process
   has a group of one whose MASTER_PORT is still listening; a child inheriting them would try to
@@ -14,8 +19,10 @@ from __future__ import annotations
 
 import os
 import shlex
+import json
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -67,3 +74,37 @@ def stop_child(proc: subprocess.Popen, timeout: float) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+class JsonLineChild:
+    """A child in a session of its own that answers each JSON line on its stdin with one on its stdout.
+    `log=True`: its stderr goes to a temporary file whose last lines a failure quotes (else it shares
+    ours). The first line it writes (`ready`) says it is ready."""
+
+    def __init__(self, command: list[str], env: dict[str, str], name: str, log: bool = False):
+        self.name = name
+        self.log = tempfile.NamedTemporaryFile("w+", prefix=f"{name}-", suffix=".log", delete=False) if log else None
+        self.proc = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
+                                     text=True, env=env, start_new_session=True)
+        self.ready = self._read()
+
+    def ask(self, request: dict) -> dict:
+        self.proc.stdin.write(json.dumps(request) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def _read(self) -> dict:
+        line = self.proc.stdout.readline()
+        if not line:
+            code = self.proc.wait()
+            if self.log is None:
+                raise RuntimeError(f"the {self.name} exited (code {code}); its log is above")
+            tail = "\n".join(Path(self.log.name).read_text(errors="replace").splitlines()[-TAIL_LINES:])
+            raise RuntimeError(f"the {self.name} exited (code {code}); {self.log.name} ends:\n{tail}")
+        return json.loads(line)
+
+    def close(self, timeout: float) -> None:
+        stop_child(self.proc, timeout)
+        if self.log is not None:
+            self.log.close()
+            Path(self.log.name).unlink(missing_ok=True)
