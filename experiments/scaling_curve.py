@@ -1,0 +1,93 @@
+"""τ against training tokens: the scaling curve of heads trained on more and more of the same data.
+
+    python -m experiments.scaling_curve OUT_DIR [OUT_DIR ...] --plot docs/scaling-curve.png
+
+Each OUT_DIR is an `evaluation.parity` output (`--out`) whose runs trained on a slice of one store
+(`--epochs 0.125, 0.25, ...`: one pass over that share of its records, the schedule ending with
+the run) and were judged alike (the same `--num-prompts` and `--max-new-tokens`). Every judged run
+of every folder is one point: its trainer, the tokens it trained on (`run.json`), and τ of vLLM's
+3-token chain, of our 3-token chain and of our EAGLE-2 tree. Prints the markdown table; `--plot`
+draws τ against tokens on a log axis, one line per trainer and judge.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+JUDGES = {"vllm_tau": "vLLM k=3", "chain3_tau": "ours, chain 3", "tree_tau": "ours, tree"}
+
+
+@dataclass
+class Point:
+    trainer: str
+    tokens: int
+    steps: int
+    scores: dict  # judge key -> τ (None: not judged by it)
+    folder: Path
+
+
+def points(out_dirs: list[Path]) -> list[Point]:
+    """Every judged run of the parity outputs in `out_dirs`, by trainer, then tokens."""
+    found = []
+    for out in out_dirs:
+        scores = json.loads((out / "scores.json").read_text()) if (out / "scores.json").exists() else {}
+        for run_file in sorted(out.glob("runs/*/run.json")):
+            run = json.loads(run_file.read_text())
+            judged = [v for k, v in scores.items() if k.split("|")[0] == run["trainer"]]
+            if judged:
+                found.append(Point(run["trainer"], int(run["tokens"]), int(run["recipe"]["steps"]),
+                                   {k: judged[0].get(k) for k in JUDGES}, out))
+    return sorted(found, key=lambda p: (p.trainer, p.tokens))
+
+
+def table(found: list[Point]) -> str:
+    rows = ["| trainer | training tokens | steps | " + " | ".join(f"τ {name}" for name in JUDGES.values()) + " | folder |",
+            "|---|---|---|" + "---|" * len(JUDGES) + "---|"]
+    for p in found:
+        taus = [f"{p.scores[k]:.2f}" if p.scores[k] is not None else "—" for k in JUDGES]
+        rows.append(f"| {p.trainer} | {p.tokens:,} | {p.steps} | " + " | ".join(taus) + f" | `{p.folder}` |")
+    return "\n".join(rows)
+
+
+def plot(found: list[Point], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for trainer in sorted({p.trainer for p in found}):
+        mine = [p for p in found if p.trainer == trainer]
+        for key, name, style in zip(JUDGES, JUDGES.values(), ("-o", "--s", ":^")):
+            xs = [p.tokens for p in mine if p.scores[key] is not None]
+            if xs:
+                ax.plot(xs, [p.scores[key] for p in mine if p.scores[key] is not None], style, label=f"{trainer}, {name}")
+    ax.set_xscale("log")
+    ax.set_xlabel("training tokens (one pass)")
+    ax.set_ylabel("τ (tokens per target forward)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m experiments.scaling_curve", description=__doc__.splitlines()[0])
+    ap.add_argument("out_dirs", nargs="+", type=Path, help="evaluation.parity output folders")
+    ap.add_argument("--plot", type=Path, default=None, help="write the figure here (PNG)")
+    args = ap.parse_args(argv)
+    found = points(args.out_dirs)
+    if not found:
+        raise SystemExit(f"error: no judged runs in {', '.join(map(str, args.out_dirs))}")
+    print(table(found))
+    if args.plot:
+        plot(found, args.plot)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
