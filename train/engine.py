@@ -7,6 +7,7 @@ launcher.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import sys
@@ -20,6 +21,8 @@ from eagle.common import distributed
 from train.optimizers import build_optimizer
 
 NEVER = 10**12  # DeepSpeed's own step printing: off (we log ourselves)
+
+log = logging.getLogger("train")
 
 
 def extensions_dir() -> str:
@@ -99,6 +102,8 @@ def build_engine(head: nn.Module, cfg: DictConfig, total_steps: int, world: int 
     t = cfg.train
     optimizer = build_optimizer(head, t, int(cfg.deepspeed.get("zero_optimization", {}).get("stage", 0)))
     warmup, horizon = schedule_span(t, total_steps, world)
+    log.info("optimizer %s, lr %g, %s schedule: warmup %d of %d steps (one-process steps), then to %g of the lr",
+             t.optimizer, t.lr, t.schedule, warmup, horizon, t.min_lr_ratio)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup, horizon, t.schedule, t.min_lr_ratio, world))
     engine, _, _, _ = deepspeed.initialize(
         model=head, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config(cfg),
