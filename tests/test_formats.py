@@ -30,9 +30,17 @@ def eagle3():
     return target, random_eagle3_head(target, layers=(1, 2, 3), vocab_ids=subset(128, 80, 2), seed=3)
 
 
-HEADS = {"eagle2": lambda: eagle2(True), "eagle2-nobias": lambda: eagle2(False), "eagle3": eagle3}
+def eagle3_norms():
+    """speculators' layer variant, head=eagle3's default."""
+    target = tiny_llama(5, layers=4)
+    return target, random_eagle3_head(target, layers=(1, 2, 3), vocab_ids=subset(128, 80, 2), seed=3,
+                                      norm_before_fc=True, norm_before_residual=True, norm_output=True)
+
+
+HEADS = {"eagle2": lambda: eagle2(True), "eagle2-nobias": lambda: eagle2(False), "eagle3": eagle3,
+         "eagle3-norms": eagle3_norms}
 REFUSED = {("eagle2", "vllm"): "fc.bias", ("eagle2", "speculators"): "no EAGLE-1/2 model",
-           ("eagle2-nobias", "speculators"): "no EAGLE-1/2 model"}
+           ("eagle2-nobias", "speculators"): "no EAGLE-1/2 model", ("eagle3-norms", "sglang"): "norm_before_residual"}
 
 
 def decode(target, head, seeds=range(3)):

@@ -11,7 +11,9 @@ A head is saved in one of four layouts (`save_head(..., fmt=)`, `python -m train
 - `vllm`: the same files, refused for an EAGLE-1/2 head with an fc bias (vLLM's model has none).
 - `sglang`: the same for EAGLE-3; EAGLE-1/2 as `LlamaForCausalLMEagle` with an fc bias (zero when
   the head has none: SGLang always builds one) and the draft vocabulary as `hot_token_map.pt`,
-  the file `--speculative-token-map` takes.
+  the file `--speculative-token-map` takes. Refused for speculators' EAGLE-3 variant with
+  `norm_before_residual` (`train.eagle3_norms=true`, head=eagle3's default), which SGLang's layer
+  lacks; vLLM and speculators serve all three variant flags, EAGLE's own code none.
 - `speculators`: speculators' `speculators_config` layout for EAGLE-3 (`layers.0.*` weights),
   which vLLM also serves; speculators has no EAGLE-1/2 model.
 
@@ -60,6 +62,11 @@ def check_format(fmt: str, cfg: DraftConfig) -> None:
     if fmt == "speculators" and cfg.architecture != "eagle3":
         raise FormatError("speculators 0.9 has no EAGLE-1/2 model (only eagle3, peagle, dflash, mtp): "
                           "export an EAGLE-1/2 head as eagle, vllm or sglang")
+    if fmt == "sglang" and cfg.norm_before_residual:
+        raise FormatError("SGLang 0.5.23's EAGLE-3 layer adds its attention output to the raw feature, not the normed "
+                          "one (norm_before_residual, speculators' variant, train.eagle3_norms=true): it would draft "
+                          "from another function; serve this head with vLLM (eagle or speculators layout), or train "
+                          "with train.eagle3_norms=false for SGLang")
     if fmt == "vllm" and cfg.architecture == "eagle2" and cfg.fc_bias:
         raise FormatError("vLLM's EAGLE-1 model builds fc without a bias and refuses fc.bias: "
                           "train the head with train.fc_bias=false (or export it as eagle / sglang)")
