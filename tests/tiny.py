@@ -133,13 +133,15 @@ def clean_env(**extra: str) -> dict[str, str]:
 
 
 @torch.no_grad()
-def kill_once_checkpointed(args: list[str], cwd: Path, latest: Path, tag: str, timeout: float = 180) -> int:
-    """Start `args` (a training command) in `cwd`, SIGKILL it once `latest` (its checkpoints' latest
-    file) names `tag` or a later step, and return the step of the newest checkpoint it left."""
+def kill_once_checkpointed(args: list[str], cwd: Path, latest: Path, tag: str, timeout: float = 180,
+                           env: dict[str, str] | None = None) -> int:
+    """Start `args` (a training command) in `cwd` (with `env`, else clean_env()), SIGKILL it once `latest`
+    (its checkpoints' latest file) names `tag` or a later step, and return the step of the newest
+    checkpoint it left."""
     import signal
     import time
 
-    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=clean_env())
+    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env or clean_env())
     deadline = time.time() + timeout
     try:
         while time.time() < deadline and proc.poll() is None:
