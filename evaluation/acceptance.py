@@ -15,7 +15,6 @@ folder and settings: a rerun judges only the heads it has not judged.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
@@ -32,21 +31,16 @@ def settings_key(args) -> str:
 
 def judge_heads(heads: dict[str, Path], target: Path, args) -> dict[str, dict]:
     """Scores of every head (label -> folder), read from or added to args.out/scores.json."""
-    from evaluation.parity_judge import ParityJudge
+    from evaluation.parity_judge import ParityJudge, cached_scores
 
-    path = args.out / "scores.json"
-    scores = json.loads(path.read_text()) if path.exists() else {}
-    key = settings_key(args)
-    todo = {label: d for label, d in heads.items() if f"{d.resolve()}|{key}" not in scores}
-    if todo:
+    def make_judge() -> ParityJudge:
         torch.set_num_threads(args.threads)
-        judge = ParityJudge(target, args.prompts, args.num_prompts, args.max_new_tokens, getattr(torch, args.dtype),
-                            vllm=not args.no_vllm, ours=args.ours)
-        for label, head_dir in todo.items():
-            log.info("judging %s (%s)", label, head_dir)
-            scores[f"{head_dir.resolve()}|{key}"] = judge.score(head_dir)
-            path.write_text(json.dumps(scores, indent=1))
-    return {label: scores[f"{d.resolve()}|{key}"] for label, d in heads.items()}
+        return ParityJudge(target, args.prompts, args.num_prompts, args.max_new_tokens, getattr(torch, args.dtype),
+                           vllm=not args.no_vllm, ours=args.ours)
+
+    by_folder = {str(d.resolve()): d for d in heads.values()}
+    scores = cached_scores(args.out / "scores.json", by_folder, settings_key(args), make_judge)
+    return {label: scores[str(d.resolve())] for label, d in heads.items()}
 
 
 def table(results: dict[str, dict], heads: dict[str, Path], judges: list[str]) -> str:

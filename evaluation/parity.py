@@ -137,21 +137,15 @@ def reference_run(trainer: str, data: ParityData, run_dir: Path, recipe: Recipe,
 
 def judge_runs(runs: list[TrainerRun], data: ParityData, args, out: Path) -> dict[str, dict]:
     """Scores of every run's head, cached in out/scores.json (keyed by run and judge settings)."""
-    from evaluation.parity_judge import ParityJudge
+    from evaluation.parity_judge import ParityJudge, cached_scores
 
-    path = out / "scores.json"
-    scores = json.loads(path.read_text()) if path.exists() else {}
-    key = f"{args.prompts}-{args.num_prompts}x{args.max_new_tokens}-{args.dtype}"
-    todo = [r for r in runs if f"{r.trainer}|{key}" not in scores]
-    if todo:
+    def make_judge() -> ParityJudge:
         torch.set_num_threads(args.threads)
-        judge = ParityJudge(data.target_dir, args.prompts, args.num_prompts, args.max_new_tokens,
-                            getattr(torch, args.dtype), vllm=not args.no_vllm)
-        for run in todo:
-            log.info("judging %s", run.trainer)
-            scores[f"{run.trainer}|{key}"] = judge.score(run.head_dir)
-            path.write_text(json.dumps(scores, indent=1))
-    return {r.trainer: scores[f"{r.trainer}|{key}"] for r in runs}
+        return ParityJudge(data.target_dir, args.prompts, args.num_prompts, args.max_new_tokens,
+                           getattr(torch, args.dtype), vllm=not args.no_vllm)
+
+    settings = f"{args.prompts}-{args.num_prompts}x{args.max_new_tokens}-{args.dtype}"
+    return cached_scores(out / "scores.json", {r.trainer: r.head_dir for r in runs}, settings, make_judge)
 
 
 def parse_args(argv: list[str] | None):

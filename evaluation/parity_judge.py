@@ -2,6 +2,7 @@
 
     judge = ParityJudge(target_dir, prompts="mtbench", num_prompts=80, max_new_tokens=256, dtype=torch.bfloat16)
     scores = judge.score(head_dir)   # {"chain3_tau", "chain3_accept": [α1, α2, α3], "tree_tau", ...}
+    scores = cached_scores(path, {name: head_dir}, settings, make_judge)   # judged once per name and settings
 
 Our decoder, greedy: a chain of 3 drafted tokens (vLLM's `num_speculative_tokens=3`; per-position
 acceptance = share of steps whose draft was accepted at least that deep) and the EAGLE-2 dynamic
@@ -12,7 +13,10 @@ an fc bias); skipped with the reason otherwise.
 
 from __future__ import annotations
 
+import json
+import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -28,6 +32,8 @@ from eagle.targets.tokenizer import load_tokenizer
 from evaluation.serving import ConsumerMissing, run_vllm, vllm_method
 from train.judge import TREES, encode_prompts
 
+log = logging.getLogger("parity")
+
 
 class ParityJudge:
     """One target, one prompt list; `score` decodes a head with both judges."""
@@ -39,7 +45,7 @@ class ParityJudge:
         self.spec_tokens, self.vllm, self.ours = spec_tokens, vllm, ours
         self.tokenizer = load_tokenizer(target_dir)
         self.prompts = encode_prompts(self.tokenizer, held_back_prompts(prompts, num_prompts))
-        self.target = load_target(target_dir, dtype)
+        self.target = load_target(target_dir, dtype) if ours else None  # vLLM loads its own
 
     def score(self, head_dir: Path) -> dict:
         head = load_head(head_dir, dtype=self.dtype)
@@ -78,3 +84,18 @@ class ParityJudge:
         drafts = max(got["drafts"], 1)
         return {"vllm_tau": got["mean_acceptance_length"],
                 "vllm_accept": [n / drafts for n in got["accepted_per_position"]], "vllm": got["vllm"]}
+
+
+def cached_scores(path: Path, heads: dict[str, Path], settings: str, make_judge: Callable[[], ParityJudge]
+                  ) -> dict[str, dict]:
+    """Scores of `heads` (name -> head folder) judged under `settings`, read from the JSON file `path`
+    (keyed "name|settings") or judged by `make_judge()` and added to it one head at a time."""
+    scores = json.loads(path.read_text()) if path.exists() else {}
+    todo = {name: d for name, d in heads.items() if f"{name}|{settings}" not in scores}
+    if todo:
+        judge = make_judge()
+        for name, head_dir in todo.items():
+            log.info("judging %s (%s)", name, head_dir)
+            scores[f"{name}|{settings}"] = judge.score(head_dir)
+            path.write_text(json.dumps(scores, indent=1))
+    return {name: scores[f"{name}|{settings}"] for name in heads}

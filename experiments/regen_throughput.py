@@ -68,9 +68,9 @@ def main(cfg: DictConfig) -> None:
     prompts = first_turn_prompts(cfg, tok, n, max_new)
     model = load_target(target_dir, cfg.model.dtype)
     ends = set(stop_ids(target_dir, tok))
-    methods = {"hf_generate": lambda: hf_generate(model, tok, prompts, max_new, regen.batch_size, ends)}
-    if not cfg.get("hf", True):  # +hf=false: the engines alone (HF generate takes minutes per 64 prompts)
-        methods = {}
+    methods = {}
+    if cfg.get("hf", True):  # +hf=false: the engines alone (HF generate takes minutes per 64 prompts)
+        methods["hf_generate"] = lambda: hf_generate(model, tok, prompts, max_new, regen.batch_size, ends)
     for name in str(cfg.get("engines", "ours,vllm")).split(","):
         start = time.perf_counter()
         engine = open_engine(replace(regen, engine=name), target_dir, cfg.model.dtype, tok, max_len, threads)

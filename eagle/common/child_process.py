@@ -17,9 +17,9 @@ the data are local files.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
-import json
 import signal
 import subprocess
 import tempfile
