@@ -41,11 +41,16 @@ def draft_config(target_dir: Path, cfg: DictConfig, start: Head | None = None) -
         if len(fused) < 2 or LAST not in stored:
             raise ValueError(f"head=eagle3 needs model.feature_layers = its fused layers plus -1, got {stored}")
         size = cfg.train.draft_vocab or draft.vocab_size  # head=eagle3 sets it (conf/head/eagle3.yaml)
-        draft.architecture, draft.feature_layers, draft.fc_bias = "eagle3", fused, False
-        draft.draft_vocab_size = min(int(size), draft.vocab_size)
-        if cfg.train.eagle3_norms:  # speculators' variant (eagle/heads/eagle3.py)
-            draft.norm_before_fc = draft.norm_before_residual = draft.norm_output = True
+        as_eagle3(draft, fused, min(int(size), draft.vocab_size), bool(cfg.train.eagle3_norms))
     return draft
+
+
+def as_eagle3(draft: DraftConfig, fused: list[int], draft_rows: int, norms: bool) -> None:
+    """Make `draft` an EAGLE-3 head's config: `fused` target layers, no fc bias, an lm_head of `draft_rows`
+    rows, and with `norms` speculators' layer variant (eagle/heads/eagle3.py)."""
+    draft.architecture, draft.feature_layers, draft.fc_bias = "eagle3", fused, False
+    draft.draft_vocab_size = draft_rows
+    draft.norm_before_fc = draft.norm_before_residual = draft.norm_output = norms
 
 
 def check_store(store: FeatureStore, store_dir: str, target: str, draft: DraftConfig) -> None:

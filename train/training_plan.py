@@ -28,6 +28,7 @@ from eagle.heads.checkpoint import build_head
 from eagle.heads.draft_vocab import draft_vocab_size
 from eagle.heads.eagle2 import DraftConfig
 from train.engine import compute_dtype, ds_config
+from train.head_config import as_eagle3
 from train.optimizers import muon_matrix
 from train.step_memory import StepMemory, StepShape, step_memory
 
@@ -210,9 +211,7 @@ def head_parameters(t: TargetSizes, extra: int, draft_rows: int, tr) -> HeadPara
                       num_key_value_heads=t.kv_heads or heads, vocab_size=t.vocab,
                       head_dim=t.head_dim or t.hidden // heads, fc_bias=bool(tr.fc_bias))
     if extra:
-        cfg.architecture, cfg.feature_layers, cfg.fc_bias = "eagle3", list(range(extra)), False
-        cfg.draft_vocab_size = draft_rows
-        cfg.norm_before_fc = cfg.norm_before_residual = cfg.norm_output = bool(tr.eagle3_norms)
+        as_eagle3(cfg, list(range(extra)), draft_rows, bool(tr.eagle3_norms))
     with torch.device("meta"):
         named = list(build_head(cfg).named_parameters())
     frozen = {n for n, _ in named if extra and tr.freeze_lm_head and n.startswith("lm_head.")}
