@@ -11,7 +11,7 @@ These are the `HeadRunner` methods (eagle/decoding/runners.py) the eager head ha
 
 Why (docs/speed.md): eager, the head's forward is ~40 small ops and the scorer three more. Inside a
 decode step (SmolLM2-135M, bf16, 2 threads) the head's update took 2.07 ms and the scorer 1.14;
-compiled with the target's settings (freezing; GEMMs of up to 4 rows autotuned) 0.97 + ~0.3 of
+compiled with the target's settings (freezing; GEMMs autotuned) 0.97 + ~0.3 of
 padding and mask, and ~0.9-1.1. Both are bound by reading their weights (8.4 and 14 MB), which the
 target's forward has just pushed out of the caches: warm, the same calls take 0.6 and 0.2 ms.
 
@@ -22,7 +22,7 @@ target's forward has just pushed out of the caches: warm, the same calls take 0.
   themselves only and land past the real ones, where no later mask looks.
 - **Graphs:** one per (L, rows, feature width) for the head (an EAGLE-3 head reads 3H-wide target
   features at the root, its own H-wide states deeper) and one per row count for the scorer, compiled at the
-  first call (a few seconds each); `compile_seconds` sums those first calls.
+  first call (a few seconds each, inductor's cache in a second process); `compile_seconds` sums those first calls.
 """
 
 from __future__ import annotations
@@ -35,7 +35,8 @@ import torch
 import torch._inductor.config as inductor
 from torch import nn
 
-from eagle.compiled.target_graphs import bucket, guards, inductor_options, padded_mask
+from eagle.compiled.graph_cache import compile_options
+from eagle.compiled.target_graphs import bucket, guards, padded_mask
 from eagle.heads.eagle2 import KVCache
 
 log = logging.getLogger("eagle")
@@ -89,22 +90,22 @@ class CompiledHead:
         positions = torch.cat([positions, positions.new_full((rows - m,), p)])
         cache_rows = torch.arange(p, p + rows, device=device)
         shape = ("head", self.size, rows, features.shape[1])
-        hidden = self._call(shape, rows, self._forward, embeds, features, positions, mask, self.keys, self.values,
+        hidden = self._call(shape, self._forward, embeds, features, positions, mask, self.keys, self.values,
                             cache_rows)
         return hidden[:m], HeadRows(p + m)
 
     def logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft log-probs [m, Vd] (fp32, on the CPU) of head outputs [m, H]."""
-        return self._call(("scorer", hidden.shape[0]), hidden.shape[0], self._logp, hidden).cpu()
+        return self._call(("scorer", hidden.shape[0]), self._logp, hidden).cpu()
 
-    def _call(self, shape: tuple, rows: int, fn, *args) -> torch.Tensor:
-        """fn(*args) through its graph for `shape`, compiled (with the target's settings for `rows` rows)
-        at the shape's first call."""
+    def _call(self, shape: tuple, fn, *args) -> torch.Tensor:
+        """fn(*args) through its graph for `shape`, compiled with the target's settings (keyed by the head's
+        and scorer's weights: eagle/compiled/graph_cache.py) at the shape's first call."""
         compiling = shape not in self.shapes
         if compiling:
             log.info("compiling the draft's %s for shape %s (once per process)", shape[0], shape[1:])
         start = time.perf_counter()
-        with inductor.patch(**inductor_options(rows)), guards(compiling):
+        with inductor.patch(**compile_options(self.head, self.scorer)), guards(compiling):
             out = fn(*args)
         if compiling:
             self.shapes.add(shape)

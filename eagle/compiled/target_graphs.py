@@ -21,7 +21,9 @@ spans about the context: over a 1,024-row cache for a 224-token context the gain
   addresses). A forward that would run past the end moves the committed rows into the next bucket.
 - **Fixed widths.** A forward of k tokens is padded to `rows` (the tree budget); padded rows
   attend to themselves only and land in cache rows past the committed ones, which no later
-  mask shows. One graph per (bucket, rows, hidden states or not), compiled at its first call.
+  mask shows. One graph per (bucket, rows, hidden states or not), compiled at its first call
+  with `compile_options` (eagle/compiled/graph_cache.py: autotuned matmuls, and cached on disk
+  for the next process, keyed by the target's weights).
 - **The mask spans the whole bucket** [1, 1, rows, L]: committed rows visible, then the
   `visible` pattern (the tree's ancestors, or 1×1 for a plain step) over the new rows.
 - **Attention** (targets on HF's `sdpa`): the query heads sharing a key/value head attend as rows
@@ -50,13 +52,13 @@ from torch import nn
 from torch.profiler import record_function
 from transformers import StaticCache
 
+from eagle.compiled.graph_cache import compile_options
 from eagle.compiled.grouped_attention import GROUPED, grouped_sdpa_applies, install_grouped_sdpa
 from eagle.decoding.kv_commit import move_rows
 from eagle.decoding.tree import Tree
 
 log = logging.getLogger("eagle")
 BUCKET = 256  # rows of the smallest cache
-AUTOTUNED_ROWS = 4  # forwards of up to this many rows autotune their matmuls (_options)
 
 
 def allow_a_graph_per_shape() -> None:
@@ -174,7 +176,7 @@ class CompiledTarget:
                      self.size)
         extra = {GROUPED: True} if self.grouped else {}
         start = time.perf_counter()
-        with inductor.patch(**inductor_options(rows)), guards(compiling):
+        with inductor.patch(**compile_options(self.target)), guards(compiling):
             out = self._compiled(input_ids=tokens[None], position_ids=positions[None],
                                  cache_position=torch.arange(past, past + rows, device=tokens.device),
                                  attention_mask=mask, past_key_values=self.cache, use_cache=True,
@@ -208,18 +210,6 @@ class CompiledTarget:
             now.keys[:, :, :past] = was.keys[:, :, :past]
             now.values[:, :, :past] = was.values[:, :, :past]
         self.cache = new
-
-
-def inductor_options(rows: int) -> dict:
-    """Inductor settings a graph of `rows` rows compiles with. `freezing`: weights become graph constants
-    (prepacked matmuls on a CPU). Up to `AUTOTUNED_ROWS` rows the matmuls are also autotuned between
-    oneDNN and inductor's C++ GEMM template: on this CPU (bf16, SmolLM2-135M, 2 threads) the template's
-    kernels made forwards of 1, 2 and 4 rows 1.3-1.8x faster (one row 24.8 -> 13.6-17.9 ms; 4 rows
-    24.3 -> 16-19.6 ms) for 2-3x the compile time (~70 s a width); at 8-32 rows they were slower than
-    oneDNN's and autotuning chose oneDNN's anyway (docs/speed.md)."""
-    if rows > AUTOTUNED_ROWS:
-        return {"freezing": True}
-    return {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN"}
 
 
 def guards(compiling: bool):

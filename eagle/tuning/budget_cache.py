@@ -25,9 +25,10 @@ from eagle.tuning.tuner import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget
 from eagle.targets.resolve import cache_dir
 
 # Bump when the tuner's measurement changes, so old picks are not reused.
-VERSION = 5  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;
+VERSION = 6  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;
 #            4: the head and its scorer compiled (draft and rest of a step cost less);
-#            5: the plain step timed in the verify widths' rounds (it was timed back to back, too fast)
+#            5: the plain step timed in the verify widths' rounds (it was timed back to back, too fast);
+#            6: every compiled width autotuned to the C++ GEMM template (wide verifies cost less)
 
 
 def tuned_sizes(model) -> tuple[int, ...]:

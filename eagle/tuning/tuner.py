@@ -58,7 +58,7 @@ from eagle.decoding.tree import Tree, build_tree, reindex_parents, select_nodes
 log = logging.getLogger("eagle")
 
 SIZES = (8, 12, 16, 24, 32, 48, 64)
-COMPILED_SIZES = (2, 4, 8, 16, 32)  # compiled: each width is a graph to compile (~35 s; ~70 s up to 4 rows)
+COMPILED_SIZES = (2, 4, 8, 16, 32)  # compiled: each width a graph (~100-130 s to compile and autotune; ~20 s cached)
 DEPTHS = (1, 2, 3, 4, 5, 6, 7)
 PLAIN = "plain"  # the plain step's key among the timed forwards
 TOLERANCE = 0.03  # choices this close to the best expected tokens/s count as equally fast
