@@ -64,10 +64,16 @@ def _in_group(rank: int, fn, *args) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     fn(rank, *args)
-    # Leave together: rank 0 holds the rendezvous store, and a rank that exits while another still
-    # talks to it can die in gloo's teardown (SIGABRT, "terminate called without an active exception").
-    dist.barrier()
-    dist.destroy_process_group()
+    leave_group()
+
+
+def leave_group() -> None:
+    """Leave the rank's process group together with the others (when it joined one): rank 0 holds the
+    rendezvous store, and a rank that exits while another still talks to it can die in gloo's teardown
+    (SIGABRT, "terminate called without an active exception")."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 def run_in_group(fn, args: tuple = (), world: int = 2, env: dict | list[dict] | None = None,
