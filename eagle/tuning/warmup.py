@@ -37,7 +37,7 @@ from eagle.compiled.target_graphs import allow_a_graph_per_shape
 from eagle.tuning.tuner import calibration_prompts
 
 log = logging.getLogger("eagle")
-PROVISIONAL = (4, 1)  # (total_token, depth) decoded with until a pick is tuned: the pick most heads get here
+PROVISIONAL = (4, 1)  # (total_token, depth) decoded with, eagerly, until a pick is tuned (eager wide verifies cost more)
 FIRST_WAIT = 3.0  # seconds the background work waits for a first generation to begin (and then to end)
 COMPILE_TOKENS = 24  # new tokens of the calibration decoding that compiles the chosen shapes
 _LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
