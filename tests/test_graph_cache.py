@@ -58,4 +58,3 @@ def test_weights_digest_sees_a_changed_weight_and_only_that():
     with torch.no_grad():
         changed[2].bias[5] += 1
     assert weights_digest(changed) != weights_digest(_mlp(0))
-

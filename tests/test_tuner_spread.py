@@ -6,7 +6,7 @@ from eagle.heads.checkpoint import save_head
 from eagle.model import EaModel
 from eagle.tuning.tuner import TreeBudget
 from evaluation import tuner_spread
-from tests.test_model import near_bigram_pair
+from tests.tiny import near_bigram_pair
 
 
 def test_tuner_spread_times_without_a_background_warmup(tmp_path, monkeypatch):
