@@ -127,3 +127,26 @@ def test_a_preset_written_for_a_base_model_uses_its_familys_template(tmp_path):
     assert (m.name, m.path, m.chat_template, m.num_layers, m.hidden_size, m.vocab_size) == (
         "mine", "some/gemma.gguf", "gemma", 3, 64, 128)
     assert 0 < m.params < 1e6 and m.max_len == 512
+
+
+def test_a_gguf_files_metadata_is_parsed_once_while_converting(tmp_path):
+    """convert_gguf's tokenizer, config and weights share one GGUFReader per file; outside the
+    conversion the library's reader is back."""
+    import gguf
+    import numpy as np
+
+    from eagle.targets.gguf import _one_parse
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_tensor("token_embd.weight", np.zeros((4, 8), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    original = gguf.GGUFReader
+    with _one_parse():
+        first, again, other = gguf.GGUFReader(path), gguf.GGUFReader(str(path)), gguf.GGUFReader(path, "r")
+        assert first is again and other is not first
+        assert [t.name for t in first.tensors] == ["token_embd.weight"]
+    assert gguf.GGUFReader is original

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import copy
 from pathlib import Path
 
 
@@ -9,15 +11,18 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     """Write a bf16 HF folder (model + tokenizer) for the GGUF file `gguf` into `out`.
 
     transformers loads a GGUF de-quantized but keeps its `quantization_config`; the model is
-    rebuilt from the config without it, so the folder loads like any other."""
+    rebuilt from the config without it, so the folder loads like any other. The file's metadata
+    is parsed once (`_one_parse`), not once per tokenizer, config and weights."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(gguf.parent), gguf.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    with _one_parse():
+        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        config = AutoConfig.from_pretrained(folder, gguf_file=name)
+        quantized = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, config=copy.deepcopy(config),
+                                                         dtype=torch.float32)
     state = quantized.state_dict()
-    config = AutoConfig.from_pretrained(folder, gguf_file=name)
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.dtype = torch.bfloat16
@@ -26,3 +31,25 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     model.generation_config = quantized.generation_config
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+@contextlib.contextmanager
+def _one_parse():
+    """Within the block, `gguf.GGUFReader(path)` returns one reader per path. transformers reads a
+    GGUF file's metadata afresh for its tokenizer, its config and its weights (~2 s each for the
+    embedded default's 49k-token vocabulary); the reader only reads its memory-mapped file."""
+    import gguf
+
+    made, original = {}, gguf.GGUFReader
+
+    def reader(path, *args, **kwargs):
+        key = (str(path), args, tuple(sorted(kwargs.items())))
+        if key not in made:
+            made[key] = original(path, *args, **kwargs)
+        return made[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
