@@ -205,7 +205,7 @@ def write_report(out: Path, args, bench: Bench, runs: list[Run], table: dict, me
                                  f"{t['draft_vocab'] or 'full'}" for m, t in trees.items()) + "\n"
     md += "\nStart-up after the weights load: " + "; ".join(
         [f"`{m}` first token {s['first_token_s']} s, tuned and compiled {s['ready_s']} s" for m, s in bench.startup.items()]
-        + [f"`{m}` engine ready {e.startup_seconds} s" for m, e in bench.engines.items()]) + "\n"
+        + [f"`{m}` engine ready {e.startup_seconds:.1f} s" for m, e in bench.engines.items()]) + "\n"
     (out / "results.md").write_text(md)
     plots(table, runs, methods, out)
     return md
