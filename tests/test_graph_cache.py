@@ -1,4 +1,5 @@
-"""Compiled graphs reused across processes (eagle/compiled/graph_cache.py): cached at all, keyed by weights."""
+"""Compiled graphs reused across processes (eagle/compiled/graph_cache.py): cached at all, keyed by weights;
+our options only while a shape compiles."""
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 from torch._inductor.utils import fresh_cache
 
-from eagle.compiled.graph_cache import compile_options, weights_digest
+from eagle.compiled.graph_cache import compile_options, compiled_call, weights_digest
 
 
 def _mlp(seed: int) -> nn.Module:
@@ -58,3 +59,25 @@ def test_weights_digest_sees_a_changed_weight_and_only_that():
     with torch.no_grad():
         changed[2].bias[5] += 1
     assert weights_digest(changed) != weights_digest(_mlp(0))
+
+
+def test_calls_of_compiled_shapes_skip_our_options_and_a_shape_not_declared_compiling_fails():
+    torch._dynamo.reset()
+    module, seen = _mlp(0), []
+
+    def backend(graph, inputs):  # records the inductor options each graph compiles under
+        seen.append(inductor.freezing)
+        return graph.forward
+
+    f = torch.compile(lambda x: x * 2, backend=backend, fullgraph=True, dynamic=False)
+    for n in (2, 3):
+        with compiled_call(True, module):
+            f(torch.ones(n))
+    assert seen == [True, True]
+    with compiled_call(False, module):
+        assert not inductor.freezing
+        torch.testing.assert_close(f(torch.ones(3)), torch.full((3,), 2.0))
+    with pytest.raises(Exception, match="[Rr]ecompil"), compiled_call(False, module):
+        f(torch.ones(4))  # would compile without freezing: fails instead
+    assert seen == [True, True]
+    torch._dynamo.reset()

@@ -32,11 +32,10 @@ import time
 from dataclasses import dataclass
 
 import torch
-import torch._inductor.config as inductor
 from torch import nn
 
-from eagle.compiled.graph_cache import compile_options
-from eagle.compiled.target_graphs import bucket, guards, padded_mask
+from eagle.compiled.graph_cache import compiled_call
+from eagle.compiled.target_graphs import bucket, padded_mask
 from eagle.heads.eagle2 import KVCache
 
 log = logging.getLogger("eagle")
@@ -105,7 +104,7 @@ class CompiledHead:
         if compiling:
             log.info("compiling the draft's %s for shape %s (once per process)", shape[0], shape[1:])
         start = time.perf_counter()
-        with inductor.patch(**compile_options(self.head, self.scorer)), guards(compiling):
+        with compiled_call(compiling, self.head, self.scorer):
             out = fn(*args)
         if compiling:
             self.shapes.add(shape)

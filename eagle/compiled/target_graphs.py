@@ -39,7 +39,6 @@ A compiled target holds one KV cache per bucket: run its generations one at a ti
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import time
@@ -47,12 +46,11 @@ import weakref
 
 import torch
 import torch._dynamo
-import torch._inductor.config as inductor
 from torch import nn
 from torch.profiler import record_function
 from transformers import StaticCache
 
-from eagle.compiled.graph_cache import compile_options
+from eagle.compiled.graph_cache import compiled_call
 from eagle.compiled.grouped_attention import GROUPED, grouped_sdpa_applies, install_grouped_sdpa
 from eagle.decoding.kv_commit import move_rows
 from eagle.decoding.tree import Tree
@@ -176,7 +174,7 @@ class CompiledTarget:
                      self.size)
         extra = {GROUPED: True} if self.grouped else {}
         start = time.perf_counter()
-        with inductor.patch(**compile_options(self.target)), guards(compiling):
+        with compiled_call(compiling, self.target):
             out = self._compiled(input_ids=tokens[None], position_ids=positions[None],
                                  cache_position=torch.arange(past, past + rows, device=tokens.device),
                                  attention_mask=mask, past_key_values=self.cache, use_cache=True,
@@ -210,16 +208,6 @@ class CompiledTarget:
             now.keys[:, :, :past] = was.keys[:, :, :past]
             now.values[:, :, :past] = was.values[:, :, :past]
         self.cache = new
-
-
-def guards(compiling: bool):
-    """Dynamo's guard checks for a call: all of them while a shape compiles; after that only those that
-    tell this code object's graphs apart (`skip_guard_eval_unsafe`). The full checks cost 1-1.7 ms a
-    forward on a 135M target (272 parameters; 14-28 ms forwards), and nothing else changes between
-    the calls of a shape this runner has compiled: same module, dtype, cache tensors, inference mode."""
-    if compiling:
-        return contextlib.nullcontext()
-    return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
 
 
 def padded_mask(allowed: torch.Tensor, rows: int, size: int, dtype: torch.dtype) -> torch.Tensor:
