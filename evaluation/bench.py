@@ -28,6 +28,7 @@ from data_prep.prompt_sets import Question, first_per_category, load_questions
 from evaluation.methods import DECODERS, METHODS, Bench, default_head_label, split_method
 from evaluation.report import Run, markdown, plots, summarize
 from evaluation.rounding import rounding_steps
+from evaluation.llamacpp_engine import LlamaCppEngine
 from evaluation.vllm_engine import VLLM_METHODS, VllmEngine, rss_mb
 
 
@@ -172,15 +173,18 @@ def _bench(args, methods: list[str], paths: dict[str, str]) -> Bench:
     heads = {label: load_head(paths[label], dtype=dtype, device=target.device) for label in sorted(used)}
     assistant = load_target(resolve_target(args.assistant), dtype) if args.assistant else None
     return Bench(target, load_tokenizer(path, args.chat_template), heads, methods, assistant, args.max_new_tokens,
-                 tree_settings.from_arguments(args), _vllm_engines(args, methods, paths, path, dtype),
+                 tree_settings.from_arguments(args), _engines(methods, paths, path, dtype),
                  compile=not args.no_compile)
 
 
-def _vllm_engines(args, methods: list[str], paths: dict[str, str], target_dir, dtype) -> dict:
-    """One vLLM engine per vllm method (its own process and venv), started before any timing."""
+def _engines(methods: list[str], paths: dict[str, str], target_dir, dtype) -> dict:
+    """One engine per vllm or llamacpp method (its own process and venv), started before any timing."""
     heads = {"vllm": None, "vllm-eagle": paths["eagle2"], "vllm-eagle3": paths["eagle3"]}
-    return {m: VllmEngine(target_dir, heads[m], VLLM_METHODS[m], dtype, torch.get_num_threads())
-            for m in methods if m in VLLM_METHODS}
+    engines = {m: VllmEngine(target_dir, heads[m], VLLM_METHODS[m], dtype, torch.get_num_threads())
+               for m in methods if m in VLLM_METHODS}
+    if "llamacpp" in methods:
+        engines["llamacpp"] = LlamaCppEngine(target_dir, dtype, torch.get_num_threads())
+    return engines
 
 
 def write_report(out: Path, args, bench: Bench, runs: list[Run], table: dict, methods: list[str]) -> str:
@@ -195,8 +199,8 @@ def write_report(out: Path, args, bench: Bench, runs: list[Run], table: dict, me
                      "compile_seconds": round(bench.compile_seconds(), 1),
                      "rss_mb": round(rss_mb(os.getpid())),
                      "max_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)},
-            "vllm": {m: {"version": e.version, "startup_seconds": e.startup_seconds, "rss_mb": round(e.rss_at_close_mb)}
-                     for m, e in bench.engines.items()}}
+            "engines": {m: {"version": e.version, "startup_seconds": e.startup_seconds, "rss_mb": round(e.rss_at_close_mb)}
+                        for m, e in bench.engines.items()}}
     (out / "results.json").write_text(json.dumps({"meta": meta, "summary": table,
                                                   "runs": [asdict(r) for r in runs]}, indent=1, default=str))
     md = markdown(table, methods)

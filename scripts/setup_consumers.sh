@@ -7,14 +7,17 @@
 #                           tests/test_consumers.py runs its loader code against our files
 #   .consumers/eagle-llm    eagle-llm==1.2.1   (the EAGLE authors' EAGLE-1/2 trainer, for the trainer parity
 #                           comparison: evaluation/ref_eagle_llm.py, tests/test_parity_eagle_llm.py)
+#   .consumers/llamacpp     llama-cpp-python==0.3.36 built from source for this CPU (~7 min on 2 cores), and
+#                           its release's convert_hf_to_gguf.py under src/ (the bench's `llamacpp` method)
 # The slow tests in tests/test_consumers.py use them when present and skip with one line
-# when not. Usage: bash scripts/setup_consumers.sh [vllm] [speculators] [sglang] [eagle-llm]   (default: all)
+# when not. Usage: bash scripts/setup_consumers.sh [vllm] [speculators] [sglang] [eagle-llm] [llamacpp]
+# (default: all)
 # SGLang needs a GPU to serve; its check reads SGLang's loader against our files instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 WANT=("$@")
-[ ${#WANT[@]} -eq 0 ] && WANT=(vllm speculators sglang eagle-llm)
+[ ${#WANT[@]} -eq 0 ] && WANT=(vllm speculators sglang eagle-llm llamacpp)
 
 fresh_venv() {  # $1: name; prints nothing, leaves .consumers/$1 with torch 2.13.0 (CPU build)
   local dir=.consumers/$1
@@ -55,7 +58,20 @@ for name in "${WANT[@]}"; do
       .consumers/eagle-llm/bin/python -m pip install --quiet "torch==2.13.0" "transformers==4.46.3" \
         "accelerate==0.21.0" "safetensors==0.8.0" "numpy<3" tqdm  # torch pinned: else a CUDA build
       ;;
-    *) echo "unknown consumer: $name (vllm, speculators, sglang, eagle-llm)" >&2; exit 2 ;;
+    llamacpp)
+      # PyPI has only its source: pip compiles llama.cpp with GGML_NATIVE (this CPU's AVX-512/AMX). The converter
+      # (with gguf-py and conversion/) comes from the same release's source and runs under our .venv (torch).
+      release=llama_cpp_python-0.3.36
+      [ -x .consumers/llamacpp/bin/python ] || "$PY" -m venv .consumers/llamacpp
+      .consumers/llamacpp/bin/python -m pip install --quiet --upgrade pip
+      .consumers/llamacpp/bin/python -m pip download --quiet --no-deps --no-binary :all: -d .consumers/llamacpp/sdist \
+        "llama-cpp-python==0.3.36"
+      .consumers/llamacpp/bin/python -m pip install --quiet .consumers/llamacpp/sdist/$release.tar.gz
+      rm -rf .consumers/llamacpp/src && mkdir -p .consumers/llamacpp/src
+      tar xzf .consumers/llamacpp/sdist/$release.tar.gz -C .consumers/llamacpp/src --strip-components 3 \
+        $release/vendor/llama.cpp/convert_hf_to_gguf.py $release/vendor/llama.cpp/conversion $release/vendor/llama.cpp/gguf-py
+      ;;
+    *) echo "unknown consumer: $name (vllm, speculators, sglang, eagle-llm, llamacpp)" >&2; exit 2 ;;
   esac
   touch "$stamp"
 done

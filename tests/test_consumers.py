@@ -105,4 +105,21 @@ def test_the_bench_runs_vllm_beside_our_methods(tmp_path):
                   "--threads", "1", "--dtype", "float32", "--out", str(tmp_path), "--no-progress"])
     assert table["vllm"]["all"]["speedup_over_vllm"] == 1.0 and table["vllm-eagle3"]["all"]["tau"] >= 1.0
     meta = json.loads((tmp_path / "results.json").read_text())["meta"]
-    assert set(meta["vllm"]) == {"vllm", "vllm-eagle3"} and meta["vllm"]["vllm"]["startup_seconds"] > 0
+    assert set(meta["engines"]) == {"vllm", "vllm-eagle3"} and meta["engines"]["vllm"]["startup_seconds"] > 0
+
+
+@pytest.mark.slow
+def test_the_bench_runs_llamacpp_on_the_same_weights(tmp_path):
+    # llama.cpp's converter writes the target as an fp32 GGUF; its greedy reply is HF's (or leaves it at a near-tie)
+    from evaluation.bench import main
+    from evaluation.llamacpp_engine import CONVERTER, PYTHON
+
+    need(PYTHON, "llamacpp")
+    need(CONVERTER, "llamacpp")
+    embedded_target_or_skip()
+    table = main(["--methods", "vanilla,llamacpp", "--limit", "1", "--turns", "1", "--max-new-tokens", "16",
+                  "--threads", "1", "--dtype", "float32", "--out", str(tmp_path), "--no-progress"])
+    row = table["llamacpp"]["all"]
+    assert row["new_tokens"] > 0 and (row["equal_to_vanilla"] == "1/1" or row["near_ties"] == "1/1")
+    meta = json.loads((tmp_path / "results.json").read_text())["meta"]
+    assert meta["engines"]["llamacpp"]["startup_seconds"] > 0

@@ -1,0 +1,72 @@
+"""llama.cpp as a benchmark method (`llamacpp`): the same weights as a GGUF, plain decoding, in its own venv.
+
+`make consumers` builds llama-cpp-python from source for this CPU into .consumers/llamacpp and keeps
+its release's converter (convert_hf_to_gguf.py with gguf-py). The bench converts the target once
+(`gguf_of`, in the dtype of the run: bf16 or f32, unquantized) into `EAGLE_CACHE/gguf/`, then
+scripts/consumers/llamacpp_server.py answers one prompt at a time, greedy, with the bench's threads.
+llama.cpp times its own generation; its model load is reported apart as `startup_seconds`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from eagle.common.child_process import JsonLineChild, child_env, run_logged
+from eagle.targets.resolve import cache_dir
+
+ROOT = Path(__file__).resolve().parent.parent
+HOME = ROOT / ".consumers" / "llamacpp"
+PYTHON = HOME / "bin" / "python"
+CONVERTER = HOME / "src" / "convert_hf_to_gguf.py"
+SERVER = ROOT / "scripts" / "consumers" / "llamacpp_server.py"
+OUTTYPE = {torch.bfloat16: "bf16", torch.float32: "f32"}
+
+
+class LlamaCppEngine:
+    """llama.cpp in a subprocess: `generate(ids, max_new)` -> (new ids [n], steps, seconds, accepts)."""
+
+    def __init__(self, target: Path, dtype: torch.dtype, threads: int):
+        if not PYTHON.exists() or not CONVERTER.exists():
+            raise FileNotFoundError(f"{HOME} incomplete: the llamacpp method needs `make consumers` "
+                                    "(llama-cpp-python built from source, and its converter)")
+        config = {"gguf": str(gguf_of(target, dtype)), "threads": threads}
+        self.child = JsonLineChild([str(PYTHON), str(SERVER), json.dumps(config)], child_env(threads, foreign=True),
+                                   "llama.cpp engine", log=True)
+        self.startup_seconds, self.version = self.child.ready["startup_seconds"], self.child.ready["llama_cpp"]
+
+    def generate(self, ids: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, int, float, list[int]]:
+        r = self.child.ask({"prompt": ids[0].tolist(), "max_tokens": max_new_tokens})
+        return torch.tensor(r["tokens"], dtype=torch.long), max(len(r["tokens"]) - 1, 0), r["seconds"], []
+
+    def rss_mb(self) -> float:
+        from evaluation.vllm_engine import rss_mb
+
+        return rss_mb(self.child.proc.pid)
+
+    def close(self) -> None:
+        self.rss_at_close_mb = self.rss_mb()
+        self.child.close(timeout=30)
+
+
+def gguf_of(target: Path, dtype: torch.dtype) -> Path:
+    """The target folder's weights as an unquantized GGUF in `dtype`, written once by llama.cpp's own
+    converter (keyed by the folder's path and its files' sizes and times)."""
+    if dtype not in OUTTYPE:
+        raise ValueError(f"llama.cpp runs bf16 or fp32 here, not {dtype}")
+    files = sorted(p for p in Path(target).iterdir() if p.is_file())
+    key = hashlib.sha256(json.dumps([str(Path(target).resolve())] + [[p.name, p.stat().st_size, p.stat().st_mtime_ns]
+                                                                   for p in files]).encode()).hexdigest()[:12]
+    out = cache_dir() / "gguf" / f"{Path(target).name}-{key}-{OUTTYPE[dtype]}.gguf"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(f".tmp-{os.getpid()}")
+        run_logged([sys.executable, str(CONVERTER), str(target), "--outtype", OUTTYPE[dtype], "--outfile", str(tmp)],
+                   out.with_suffix(".log"), child_env(None), ROOT)
+        os.replace(tmp, out)
+    return out
