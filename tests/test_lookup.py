@@ -45,7 +45,7 @@ def test_greedy_equality_with_lookup(seed, tree):
 def test_lookup_lifts_tau_on_repetitive_output():
     target, head = near_bigram_pair(3)  # greedy output of a bigram-like target falls into a cycle
     ids = torch.randint(3, 128, (1, 6), generator=torch.Generator().manual_seed(0))
-    plain = EaModel(target, head, settings=TreeSettings(total_token=4, depth=2, top_k=2))
+    plain = EaModel(target, head, settings=TreeSettings(total_token=4, depth=2, top_k=2, lookup=0))
     looked = EaModel(target, head, settings=TreeSettings(total_token=4, depth=2, top_k=2, lookup=8))
     ref = hf_greedy(target, ids, 60)
     assert torch.equal(plain.eagenerate(ids, max_new_tokens=60), ref)

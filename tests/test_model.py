@@ -482,7 +482,7 @@ def test_a_one_node_tree_decodes_by_plain_steps_and_the_tuner_can_pick_it(monkey
     from eagle.tuning import tuner as autotune
 
     target, head = near_bigram_pair(4)
-    model = EaModel(target, head, settings=TreeSettings(total_token=1, depth=2, top_k=4))
+    model = EaModel(target, head, settings=TreeSettings(total_token=1, depth=2, top_k=4, lookup=0))
     assert model.plain_decoding and not EaModel(target, head, settings=replace(FIXED, lookup=3)).plain_decoding
     monkeypatch.setattr(model, "draft", lambda state: pytest.fail("a one-node tree drafted"))
     ids = prompt(2, 6)

@@ -54,7 +54,8 @@ def test_auto_decodes_at_once_eagerly_then_takes_over_the_tuned_pick(quick_tuner
 
 def test_compiled_model_decodes_eagerly_until_its_graphs_are_compiled(quick_tuner):
     target, head = near_bigram_pair(5, coupling=0.3)
-    model = EaModel.from_modules(target, head, settings=TreeSettings(total_token=4, depth=2, top_k=4), compile=True)
+    model = EaModel.from_modules(target, head, settings=TreeSettings(total_token=4, depth=2, top_k=4, lookup=0),
+                                 compile=True)
     assert model.runner is model.eager and model.drafter.runner is model.drafter.eager
     ids = prompt(8, 7)
     assert torch.equal(model.eagenerate(ids, max_new_tokens=20), hf_greedy(target, ids, 20))
