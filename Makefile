@@ -14,6 +14,6 @@ test: setup
 test-fast: setup
 	$(PY) -m pytest -q -ra -m "not slow"
 
-# vLLM, speculators and SGLang's source, each in its own venv under .consumers/ (tests/test_consumers.py).
+# vLLM, speculators, SGLang's source, EAGLE's trainer and llama.cpp, each in its own venv under .consumers/ (tests/test_consumers.py).
 consumers: setup
 	bash scripts/setup_consumers.sh
