@@ -24,12 +24,13 @@ from pathlib import Path
 import torch
 
 import eagle.decoding.settings as tree_settings
+from eagle.common.child_process import rss_mb
 from data_prep.prompt_sets import Question, first_per_category, load_questions
 from evaluation.methods import DECODERS, METHODS, Bench, default_head_label, split_method
 from evaluation.report import Run, markdown, plots, summarize
 from evaluation.rounding import rounding_steps
 from evaluation.llamacpp_engine import LlamaCppEngine
-from evaluation.vllm_engine import VLLM_METHODS, VllmEngine, rss_mb
+from evaluation.vllm_engine import VLLM_METHODS, VllmEngine
 
 
 def benchmark(bench: Bench, questions: list[Question], methods: list[str], progress: bool = True) -> list[Run]:

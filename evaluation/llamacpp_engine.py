@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from eagle.common.child_process import JsonLineChild, child_env, run_logged
+from eagle.common.child_process import JsonLineChild, child_env, rss_mb, run_logged
 from eagle.targets.resolve import cache_dir
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,8 +45,6 @@ class LlamaCppEngine:
         return torch.tensor(r["tokens"], dtype=torch.long), max(len(r["tokens"]) - 1, 0), r["seconds"], []
 
     def rss_mb(self) -> float:
-        from evaluation.vllm_engine import rss_mb
-
         return rss_mb(self.child.proc.pid)
 
     def close(self) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from eagle.common.child_process import VLLM_CHILD_ENV, JsonLineChild, child_env
+from eagle.common.child_process import VLLM_CHILD_ENV, JsonLineChild, child_env, rss_mb
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = ROOT / ".consumers" / "vllm" / "bin" / "python"
@@ -62,27 +62,6 @@ class VllmEngine:
 def _bound(threads: int) -> str:
     """vLLM's core list for `threads` threads: cores 0..threads-1."""
     return "0" if threads <= 1 else f"0-{threads - 1}"
-
-
-def rss_mb(pid: int, descendants: bool = False) -> float:
-    """VmRSS of `pid`, with all its descendants or without (Linux /proc), MB."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat") if descendants else ():
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        todo += children.get(p, [])
-        try:
-            rss = next(line for line in Path(f"/proc/{p}/status").read_text().splitlines() if line.startswith("VmRSS"))
-            total += int(rss.split()[1]) / 1024
-        except (OSError, StopIteration):
-            continue
-    return total
 
 
 def _accept_lengths(per_position: list[int], drafts: int) -> list[int]:

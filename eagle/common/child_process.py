@@ -1,9 +1,10 @@
-"""Child processes that run a job of their own: a trainer, a reference trainer, a vLLM engine.
+"""Child processes that run a job of their own: a trainer, a reference trainer, a vLLM or llama.cpp engine.
 
     run_logged([...], log, child_env(threads), cwd)        # a job to its end, its output in a log
     child = JsonLineChild([python, script, config], env)   # a server on its pipes: one JSON line per
     reply = child.ask({"prompt": [...]})                   # request, one per reply
     child.close()
+    rss_mb(pid, descendants=True)                          # its resident memory with its own children, MB
 
 Their environment is ours minus what belongs to this process alone:
 - the launcher's rank variables (RANK, MASTER_PORT, ...). A process that has trained in-process
@@ -108,3 +109,24 @@ class JsonLineChild:
         if self.log is not None:
             self.log.close()
             Path(self.log.name).unlink(missing_ok=True)
+
+
+def rss_mb(pid: int, descendants: bool = False) -> float:
+    """VmRSS of `pid`, with all its descendants or without (Linux /proc), MB."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat") if descendants else ():
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    total, todo = 0.0, [pid]
+    while todo:
+        p = todo.pop()
+        todo += children.get(p, [])
+        try:
+            rss = next(line for line in Path(f"/proc/{p}/status").read_text().splitlines() if line.startswith("VmRSS"))
+            total += int(rss.split()[1]) / 1024
+        except (OSError, StopIteration):
+            continue
+    return total
