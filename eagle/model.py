@@ -110,6 +110,7 @@ class EaModel(nn.Module):
         self.compiled = CompiledTarget.of(self.target) if wanted(compile) and compilable(self.target) else None
         self.eager = EagerTarget(self.target)
         self.warmup: Warmup | None = None  # background tuning and compiling (from_pretrained, from_modules)
+        self.compile_ahead, self.ahead = False, None  # after it: new shapes compile between replies (CompileAhead)
         self.use_runners(compiled=True)
 
     def use_runners(self, compiled: bool) -> None:
@@ -123,7 +124,7 @@ class EaModel(nn.Module):
         """Another EaModel over the same modules, runners and settings, decoding through the compiled
         runners (the background preparation drives one)."""
         other = copy.copy(self)  # shallow: shares target, head, runners and vocabulary
-        other.drafter, other.warmup = copy.copy(self.drafter), None
+        other.drafter, other.warmup, other.ahead, other.compile_ahead = copy.copy(self.drafter), None, None, False
         other.use_runners(compiled=True)
         return other
 

