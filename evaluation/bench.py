@@ -29,7 +29,7 @@ from data_prep.prompt_sets import Question, first_per_category, load_questions
 from evaluation.methods import DECODERS, METHODS, Bench, default_head_label, split_method
 from evaluation.report import Run, markdown, plots, summarize
 from evaluation.rounding import rounding_steps
-from evaluation.llamacpp_engine import LlamaCppEngine
+from evaluation.llamacpp_engine import QUANTIZED, LlamaCppEngine
 from evaluation.vllm_engine import VLLM_METHODS, VllmEngine
 
 
@@ -183,8 +183,9 @@ def _engines(methods: list[str], paths: dict[str, str], target_dir, dtype) -> di
     heads = {"vllm": None, "vllm-eagle": paths["eagle2"], "vllm-eagle3": paths["eagle3"]}
     engines = {m: VllmEngine(target_dir, heads[m], VLLM_METHODS[m], dtype, torch.get_num_threads())
                for m in methods if m in VLLM_METHODS}
-    if "llamacpp" in methods:
-        engines["llamacpp"] = LlamaCppEngine(target_dir, dtype, torch.get_num_threads())
+    for m in methods:
+        if m in QUANTIZED:
+            engines[m] = LlamaCppEngine(target_dir, dtype, torch.get_num_threads(), QUANTIZED[m])
     return engines
 
 

@@ -1,9 +1,11 @@
-"""llama.cpp as a benchmark method (`llamacpp`): the same weights as a GGUF, plain decoding, in its own venv.
+"""llama.cpp as benchmark methods, plain decoding in its own venv: `llamacpp` (the same weights as a GGUF,
+unquantized) and `llamacpp-q4` (those weights in llama.cpp's Q4_1, the format the embedded default ships in).
 
 `make consumers` builds llama-cpp-python from source for this CPU into .consumers/llamacpp and keeps
 its release's converter (convert_hf_to_gguf.py with gguf-py). The bench converts the target once
-(`gguf_of`, in the dtype of the run: bf16 or f32, unquantized) into `EAGLE_CACHE/gguf/`, then
-scripts/consumers/llamacpp_server.py answers one prompt at a time, greedy, with the bench's threads.
+(`gguf_of`, in the dtype of the run: bf16 or f32, unquantized) into `EAGLE_CACHE/gguf/`, and for
+`llamacpp-q4` quantizes that file once with llama.cpp's own quantizer (scripts/consumers/llamacpp_quantize.py);
+then scripts/consumers/llamacpp_server.py answers one prompt at a time, greedy, with the bench's threads.
 llama.cpp times its own generation; its model load is reported apart as `startup_seconds`.
 """
 
@@ -25,17 +27,21 @@ HOME = ROOT / ".consumers" / "llamacpp"
 PYTHON = HOME / "bin" / "python"
 CONVERTER = HOME / "src" / "convert_hf_to_gguf.py"
 SERVER = ROOT / "scripts" / "consumers" / "llamacpp_server.py"
+QUANTIZE = ROOT / "scripts" / "consumers" / "llamacpp_quantize.py"
+QUANTIZED = {"llamacpp": None, "llamacpp-q4": "q4_1"}  # method -> llama.cpp quantization type
 OUTTYPE = {torch.bfloat16: "bf16", torch.float32: "f32"}
 
 
 class LlamaCppEngine:
     """llama.cpp in a subprocess: `generate(ids, max_new)` -> (new ids [n], steps, seconds, accepts)."""
 
-    def __init__(self, target: Path, dtype: torch.dtype, threads: int):
+    def __init__(self, target: Path, dtype: torch.dtype, threads: int, quantization: str | None = None):
         if not PYTHON.exists() or not CONVERTER.exists():
-            raise FileNotFoundError(f"{HOME} incomplete: the llamacpp method needs `make consumers` "
+            raise FileNotFoundError(f"{HOME} incomplete: the llamacpp methods need `make consumers` "
                                     "(llama-cpp-python built from source, and its converter)")
-        config = {"gguf": str(gguf_of(target, dtype)), "threads": threads}
+        gguf = gguf_of(target, dtype)
+        config = {"gguf": str(gguf if quantization is None else quantized(gguf, quantization)), "threads": threads,
+                  "extra_buffers": quantization is None}  # a Q4_1 file in llama.cpp's AMX buffers crashes here
         self.child = JsonLineChild([str(PYTHON), str(SERVER), json.dumps(config)], child_env(threads, foreign=True),
                                    "llama.cpp engine", log=True)
         self.startup_seconds, self.version = self.child.ready["startup_seconds"], self.child.ready["llama_cpp"]
@@ -66,5 +72,16 @@ def gguf_of(target: Path, dtype: torch.dtype) -> Path:
         tmp = out.with_suffix(f".tmp-{os.getpid()}")
         run_logged([sys.executable, str(CONVERTER), str(target), "--outtype", OUTTYPE[dtype], "--outfile", str(tmp)],
                    out.with_suffix(".log"), child_env(None), ROOT)
+        os.replace(tmp, out)
+    return out
+
+
+def quantized(gguf: Path, kind: str) -> Path:
+    """`gguf` quantized to `kind` (e.g. q4_1) by llama.cpp's quantizer, written once beside it."""
+    out = gguf.with_name(f"{gguf.stem}-{kind}.gguf")
+    if not out.exists():
+        tmp = out.with_suffix(f".tmp-{os.getpid()}")
+        run_logged([str(PYTHON), str(QUANTIZE), str(gguf), str(tmp), kind], out.with_suffix(".log"),
+                   child_env(None, foreign=True), ROOT)
         os.replace(tmp, out)
     return out

