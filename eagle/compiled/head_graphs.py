@@ -23,6 +23,8 @@ target's forward has just pushed out of the caches: warm, the same calls take 0.
 - **Graphs:** one per (L, rows, feature width) for the head (an EAGLE-3 head reads 3H-wide target
   features at the root, its own H-wide states deeper) and one per row count for the scorer, compiled at the
   first call (a few seconds each, inductor's cache in a second process); `compile_seconds` sums those first calls.
+  Under `defer` a head shape without a graph runs eagerly and compiles between generations (`pending`,
+  `prepare`: eagle/tuning/compile_ahead.py).
 """
 
 from __future__ import annotations
