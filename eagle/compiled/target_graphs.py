@@ -62,9 +62,12 @@ BUCKET = 256  # rows of the smallest cache
 
 
 def allow_a_graph_per_shape() -> None:
-    """Raise dynamo's recompile limit (8) to 64 in this thread: one code object compiles a graph per
-    shape. Dynamo's config is per thread, so a thread that compiles calls this itself."""
-    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    """Raise dynamo's recompile limits in this thread: one code object compiles a graph per shape (8 by default),
+    and every `CompiledHead` shares `_head_rows`' code, so a process with several heads, each with graphs for
+    four cache buckets, needs well over 64. Dynamo's config is per thread, so a thread that compiles calls this."""
+    config = torch._dynamo.config
+    config.recompile_limit = max(config.recompile_limit, 256)
+    config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, 1024)
 
 
 allow_a_graph_per_shape()
