@@ -51,8 +51,8 @@ class ParityJudge:
         head = load_head(head_dir, dtype=self.dtype)
         out = {}
         if self.ours:
-            out.update(self._ours(head, "chain3", TreeSettings(tree=chain_choices(self.spec_tokens))))
-            out.update(self._ours(head, "tree", TREES["tree"]))
+            for name, settings in judge_settings(self.spec_tokens).items():
+                out.update(self._ours(head, name, settings))
         out.update(self._vllm(head_dir, head.config))
         return out
 
@@ -84,6 +84,12 @@ class ParityJudge:
         drafts = max(got["drafts"], 1)
         return {"vllm_tau": got["mean_acceptance_length"],
                 "vllm_accept": [n / drafts for n in got["accepted_per_position"]], "vllm": got["vllm"]}
+
+
+def judge_settings(spec_tokens: int) -> dict[str, TreeSettings]:
+    """Our decoder's two judges of a head: a chain of `spec_tokens` (as vLLM drafts) and the τ judge's tree
+    (train/judge.py), both without a prompt-lookup chain: the head's acceptance alone."""
+    return {"chain3": TreeSettings(tree=chain_choices(spec_tokens), lookup=0), "tree": TREES["tree"]}
 
 
 def cached_scores(path: Path, heads: dict[str, Path], settings: str, make_judge: Callable[[], ParityJudge]

@@ -80,7 +80,8 @@ def until_eos(ids: list[int], eos: set[int]) -> list[int]:
 
 def ours(target, tokenizer, head_dir: Path, prompts: list[torch.Tensor], max_new: int, k: int):
     """Our decoder on the chain of k tokens: (outputs, τ)."""
-    model = EaModel(target, load_head(head_dir, dtype=target.dtype), tokenizer, TreeSettings(tree=chain_choices(k)),
+    settings = TreeSettings(tree=chain_choices(k), lookup=0)  # the head's chain alone, as vLLM drafts
+    model = EaModel(target, load_head(head_dir, dtype=target.dtype), tokenizer, settings,
                     compile=False)  # acceptance only
     outputs, new, steps = [], 0, 0
     for ids in prompts:

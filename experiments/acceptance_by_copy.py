@@ -85,7 +85,7 @@ def main() -> None:
     print("| head | prompts | τ | new tokens | copy share | drafted, copy tokens | drafted, free tokens | outside the draft vocabulary |")
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for path in args.heads:
-        settings = TreeSettings(total_token=60, depth=6, top_k=10, draft_vocab=args.draft_vocab)
+        settings = TreeSettings(total_token=60, depth=6, top_k=10, draft_vocab=args.draft_vocab, lookup=0)
         model = EaModel(target, load_head(path, dtype=torch.bfloat16), tok, settings, compile=False)  # τ only
         ids = model.drafter.vocab.ids
         vocab = None if ids is None else set(ids.tolist())

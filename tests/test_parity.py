@@ -81,3 +81,22 @@ def test_the_judge_scores_a_shipped_head_by_position():
     assert len(accept) == 3 and accept[0] >= accept[1] >= accept[2] >= 0
     assert scores["tree_tau"] >= 1 and scores["vllm_skipped"]
     assert abs(scores["chain3_tau"] - (1 + sum(accept))) < 0.15  # the last step of a reply may be cut short
+
+
+def test_the_judges_measure_the_head_alone_without_the_default_lookup_chain():
+    """The decoder's default adds a 10-token prompt-lookup chain; a head's τ (the trainer's judge, the parity
+    judge, the serving check) must not: a chain of 3 then accepts at most 3 drafted tokens a step."""
+    from eagle.decoding.settings import TreeSettings
+    from eagle.model import EaModel
+    from evaluation.parity_judge import judge_settings
+    from tests.tiny import near_bigram_pair, prompt
+    from train.judge import TREES
+
+    assert TreeSettings().lookup > 0  # the default the judges must turn off
+    settings = judge_settings(3)
+    assert all(s.lookup == 0 for s in [*settings.values(), *TREES.values()])
+    target, head = near_bigram_pair(3)
+    ids = prompt(0, 12).repeat(1, 4)  # copies itself: a lookup chain would match
+    model = EaModel(target, head, settings=settings["chain3"], compile=False)
+    model.eagenerate(ids, max_new_tokens=32)
+    assert max(model.last_stats.accept_lengths) <= 4

@@ -35,9 +35,10 @@ from eagle.decoding.tree import Choices, chain_choices
 log = logging.getLogger("train")
 
 CHAIN: Choices = chain_choices(5)
-# Fixed trees, not the tuned default: a head's τ must not depend on the machine that measures it.
-TREES: dict[str, TreeSettings] = {"tree": TreeSettings(total_token=24, depth=5, top_k=8),
-                                  "chain": TreeSettings(tree=CHAIN)}
+# Fixed trees, not the tuned default: a head's τ must not depend on the machine that measures it; and the
+# head alone, without the default's prompt-lookup chain.
+TREES: dict[str, TreeSettings] = {"tree": TreeSettings(total_token=24, depth=5, top_k=8, lookup=0),
+                                  "chain": TreeSettings(tree=CHAIN, lookup=0)}
 
 
 @dataclass
