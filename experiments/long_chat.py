@@ -1,0 +1,65 @@
+"""A conversation that outgrows the first cache buckets, through `EaModel.from_pretrained` defaults: does
+any reply stall on a compile?
+
+    python -m experiments.long_chat --threads 2 --pause 5 [--head DIR] [--target NAME]
+
+Loads the target and head as a user does, waits for the background preparation, then asks four
+questions in one conversation (160 new tokens each, greedy); the context passes 256 and 512 rows.
+Prints one line per reply: prompt and new tokens, seconds, the longest gap between two streamed pieces
+after the first, tok/s, and the cache buckets with compiled target graphs. `--pause` seconds between
+replies stand for the user reading and typing (background compiles run then).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from eagle.model import EaModel
+from eagle.targets.tokenizer import chat_prompt
+
+QUESTIONS = ("Write a short story about a lighthouse keeper who finds a message in a bottle.",
+             "Now tell the same story from the point of view of the bottle.",
+             "Summarise both stories in three sentences.",
+             "Write a poem about the sea.")
+
+
+def reply(model: EaModel, ids: torch.Tensor, max_new_tokens: int) -> tuple[torch.Tensor, float, float]:
+    """The greedy reply [n] to ids [1, S], its seconds and the longest gap between pieces after the first."""
+    pieces, gaps = [], []
+    start = last = time.perf_counter()
+    for tokens in model.generate(ids, max_new_tokens=max_new_tokens, stream=True):
+        now = time.perf_counter()
+        gaps.append(now - last)
+        last = now
+        pieces.append(tokens)
+    return torch.cat(pieces), time.perf_counter() - start, max(gaps[1:], default=0.0)
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="python -m experiments.long_chat", description=__doc__.splitlines()[0])
+    ap.add_argument("--target", default="smollm2-135m-instruct")
+    ap.add_argument("--head", default="checkpoints/eagle-smollm2-135m-instruct")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pause", type=float, default=5.0)
+    ap.add_argument("--max-new-tokens", type=int, default=160)
+    args = ap.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model = EaModel.from_pretrained(args.target, args.head, torch_dtype=torch.bfloat16)
+    model.wait_ready()
+    history: list[dict] = []
+    for i, question in enumerate(QUESTIONS, 1):
+        history.append({"role": "user", "content": question})
+        ids = chat_prompt(model.tokenizer, history)
+        new, seconds, gap = reply(model, ids, args.max_new_tokens)
+        history.append({"role": "assistant", "content": model.tokenizer.decode(new, skip_special_tokens=True)})
+        buckets = sorted({size for size, _, _ in model.compiled.shapes}) if model.compiled is not None else []
+        print(f"reply {i}: prompt {ids.shape[1]} + {new.numel()} tokens in {seconds:.1f} s, longest gap {gap:.2f} s, "
+              f"{new.numel() / seconds:.1f} tok/s, compiled buckets {buckets}", flush=True)
+        time.sleep(args.pause)
+
+
+if __name__ == "__main__":
+    main()
