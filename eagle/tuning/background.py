@@ -12,7 +12,9 @@ they use a target's compiled runners, which keep one KV cache per target.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
+import sys
 import threading
 import time
 import weakref
@@ -34,6 +36,22 @@ def runner_lock(target: nn.Module) -> threading.RLock:
         if target not in _LOCKS:
             _LOCKS[target] = threading.RLock()
         return _LOCKS[target]
+
+
+SWITCH_INTERVAL = 2e-4  # seconds: how long a thread holding the GIL keeps it while another waits for it
+
+
+@contextlib.contextmanager
+def gil_for_the_reply():
+    """While a reply decodes beside a background compile: the GIL changes hands every 0.2 ms instead of 5.
+    Each torch op of the reply releases the GIL and waits a whole switch interval to get it back from the
+    compiling thread, which runs Python (tracing, lowering) nonstop; a forward has hundreds of ops."""
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(min(interval, SWITCH_INTERVAL))
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(interval)
 
 
 class Stopped(Exception):

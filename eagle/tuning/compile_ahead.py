@@ -20,7 +20,7 @@ import logging
 
 import torch
 
-from eagle.tuning.background import BackgroundWork, runner_lock
+from eagle.tuning.background import BackgroundWork, gil_for_the_reply, runner_lock
 
 log = logging.getLogger("eagle")
 START_DELAY = 2.0  # seconds after a reply before the first graph compiles (a piped question exits first)
@@ -98,7 +98,8 @@ def _eager_on_one_thread(model):
     model.use_runners(compiled=False)
     torch.set_num_threads(1)
     try:
-        yield
+        with gil_for_the_reply():
+            yield
     finally:
         torch.set_num_threads(threads)
         model.use_runners(compiled=True)

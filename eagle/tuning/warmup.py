@@ -28,7 +28,7 @@ import logging
 
 import torch
 
-from eagle.tuning.background import BackgroundWork, runner_lock
+from eagle.tuning.background import BackgroundWork, gil_for_the_reply, runner_lock
 from eagle.tuning.compile_ahead import compiled_generation
 from eagle.tuning.tuner import calibration_prompts
 
@@ -81,7 +81,8 @@ def generation(model):
         if warmup.working:  # a compile (C++ compilers on every core) or a timing is under way: one thread
             torch.set_num_threads(1)  # spins no idle OpenMP workers against it (this thread's setting only)
         try:
-            yield
+            with gil_for_the_reply():
+                yield
         finally:
             torch.set_num_threads(threads)
             warmup.idle.set()
