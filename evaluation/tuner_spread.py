@@ -40,8 +40,8 @@ def main(argv: list[str] | None = None) -> list[TreeBudget]:
         start = time.perf_counter()
         budgets.append(model.tune(reuse=False))
         print(f"run {run + 1}/{args.runs} ({time.perf_counter() - start:.0f} s): {describe(budgets[-1])}", flush=True)
-    picks = [(b.total_token, b.depth) for b in budgets]
-    print(f"picks (total_token, depth): {picks}; expected tok/s "
+    picks = [(b.total_token, b.depth, b.lookup) for b in budgets]
+    print(f"picks (total_token, depth, lookup): {picks}; expected tok/s "
           f"{', '.join(f'{b.tokens_per_second:.1f}' for b in budgets)}")
     return budgets
 

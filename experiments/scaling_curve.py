@@ -7,7 +7,7 @@ Each OUT_DIR is an `evaluation.parity` output (`--out`) whose runs trained on a 
 the run) and were judged alike (the same `--num-prompts` and `--max-new-tokens`). Every judged run
 of every folder is one point: its trainer, the tokens it trained on (`run.json`), and τ of vLLM's
 3-token chain, of our 3-token chain and of our EAGLE-2 tree. Prints the markdown table; `--plot`
-draws τ against tokens on a log axis, one line per trainer and judge.
+draws τ against tokens on a log axis, one line per trainer, data (the store's) and judge.
 """
 
 from __future__ import annotations
@@ -24,10 +24,21 @@ JUDGES = {"vllm_tau": "vLLM k=3", "chain3_tau": "ours, chain 3", "tree_tau": "ou
 @dataclass
 class Point:
     trainer: str
+    data: str  # the store's data selection (its folder name before "-limit"), e.g. sharegpt_packaged
     tokens: int
     steps: int
     scores: dict  # judge key -> τ (None: not judged by it)
     folder: Path
+
+    @property
+    def line(self) -> str:
+        return f"{self.trainer} on {self.data}"
+
+
+def data_of(command: str) -> str:
+    """The data selection of a run's store, from its training command's store_dir=...; "?" without one."""
+    stores = [w.split("=", 1)[1] for w in command.split() if w.startswith("store_dir=")]
+    return Path(stores[0]).name.split("-limit")[0] if stores else "?"
 
 
 def points(out_dirs: list[Path]) -> list[Point]:
@@ -39,17 +50,17 @@ def points(out_dirs: list[Path]) -> list[Point]:
             run = json.loads(run_file.read_text())
             judged = [v for k, v in scores.items() if k.split("|")[0] == run["trainer"]]
             if judged:
-                found.append(Point(run["trainer"], int(run["tokens"]), int(run["recipe"]["steps"]),
-                                   {k: judged[0].get(k) for k in JUDGES}, out))
-    return sorted(found, key=lambda p: (p.trainer, p.tokens))
+                found.append(Point(run["trainer"], data_of(run.get("command", "")), int(run["tokens"]),
+                                   int(run["recipe"]["steps"]), {k: judged[0].get(k) for k in JUDGES}, out))
+    return sorted(found, key=lambda p: (p.line, p.tokens))
 
 
 def table(found: list[Point]) -> str:
-    rows = ["| trainer | training tokens | steps | " + " | ".join(f"τ {name}" for name in JUDGES.values()) + " | folder |",
-            "|---|---|---|" + "---|" * len(JUDGES) + "---|"]
+    rows = ["| trainer | data | training tokens | steps | " + " | ".join(f"τ {name}" for name in JUDGES.values())
+            + " | folder |", "|---|---|---|---|" + "---|" * len(JUDGES) + "---|"]
     for p in found:
         taus = [f"{p.scores[k]:.2f}" if p.scores[k] is not None else "—" for k in JUDGES]
-        rows.append(f"| {p.trainer} | {p.tokens:,} | {p.steps} | " + " | ".join(taus) + f" | `{p.folder}` |")
+        rows.append(f"| {p.trainer} | {p.data} | {p.tokens:,} | {p.steps} | " + " | ".join(taus) + f" | `{p.folder}` |")
     return "\n".join(rows)
 
 
@@ -60,12 +71,12 @@ def plot(found: list[Point], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for trainer in sorted({p.trainer for p in found}):
-        mine = [p for p in found if p.trainer == trainer]
+    for line in sorted({p.line for p in found}):
+        mine = [p for p in found if p.line == line]
         for key, name, style in zip(JUDGES, JUDGES.values(), ("-o", "--s", ":^")):
             xs = [p.tokens for p in mine if p.scores[key] is not None]
             if xs:
-                ax.plot(xs, [p.scores[key] for p in mine if p.scores[key] is not None], style, label=f"{trainer}, {name}")
+                ax.plot(xs, [p.scores[key] for p in mine if p.scores[key] is not None], style, label=f"{line}, {name}")
     ax.set_xscale("log")
     ax.set_xlabel("training tokens (one pass)")
     ax.set_ylabel("τ (tokens per target forward)")

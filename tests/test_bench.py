@@ -99,9 +99,9 @@ def test_end_to_end_on_tiny_target(tiny_dir, tmp_path):
                                                                "accepted_length_hist.png"}
 
 
-def test_a_lookup_method_tunes_its_own_tree_where_its_plain_method_decodes_plainly(tmp_path, monkeypatch):
-    """`eagle2-lookup` reuses eagle2's tuned budget, unless that budget is plain decoding (a lookup
-    branch on a one-node tree would waste its draft): then it times trees of its own."""
+def test_a_lookup_method_picks_from_the_measurement_its_plain_method_stored(tmp_path, monkeypatch):
+    """The device is timed once: `eagle2` picks among rows without a chain (here plain decoding),
+    `eagle2-lookup` from the same cached grid among rows with a chain of up to 10 tokens."""
     import eagle.model
     from eagle.tuning.tuner import TreeBudget
     from eagle.decoding.settings import TreeSettings
@@ -110,19 +110,24 @@ def test_a_lookup_method_tunes_its_own_tree_where_its_plain_method_decodes_plain
 
     monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
     asked = []
+    grid = [{"total_token": 1, "depth": 1, "lookup": 0, "tau": 1.0, "ms_per_step": 10.0, "tokens_per_s": 100.0},
+            {"total_token": 8, "depth": 3, "lookup": 0, "tau": 1.5, "ms_per_step": 20.0, "tokens_per_s": 75.0},
+            {"total_token": 8, "depth": 3, "lookup": 8, "tau": 3.0, "ms_per_step": 25.0, "tokens_per_s": 120.0},
+            {"total_token": 16, "depth": 3, "lookup": 16, "tau": 4.0, "ms_per_step": 25.0, "tokens_per_s": 160.0}]
 
-    def fake_tune(model, prompts=None, sizes=None, plain=True, pause=None):
-        asked.append(plain)
-        return TreeBudget(1, 3, 99.0) if plain else TreeBudget(8, 3, 50.0)
+    def fake_tune(model, prompts=None, sizes=None, pause=None):
+        asked.append(1)
+        return TreeBudget(0, 0, 0.0, grid, {1: 1.0}, {}, 0.0, 10.0).picked()
 
     monkeypatch.setattr(eagle.model, "tune_tree", fake_tune)
     target, head = near_bigram_pair(5)
     bench = Bench(target, None, {"eagle2": head}, ["eagle2", "eagle2-lookup"], settings=TreeSettings(top_k=4),
                   compile=False)
-    assert asked == [True, False]  # the lookup method's tuning leaves plain decoding out
+    assert asked == [1]  # one measurement serves both
     assert bench.eagle["eagle2"].plain_decoding
     lookup = bench.eagle["eagle2-lookup"]
-    assert not lookup.plain_decoding and (lookup.settings.total_token, lookup.settings.lookup) == (8, 10)
+    assert not lookup.plain_decoding and (lookup.settings.total_token, lookup.settings.lookup) == (8, 8)
+    assert lookup.tuning.lookup == 8 and bench.eagle["eagle2"].tuning.lookup == 0
 
 
 def test_rounding_measures_gap_errors_in_bf16_steps():

@@ -463,8 +463,8 @@ def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless(monkeyp
                 state, _ = model.step(state, build_tree(torch.cat([root, big[0][kept]]), reindex_parents(kept, big[2])),
                                        SamplingParams())
     assert real == budget.accepted
-    assert {(r["total_token"], r["depth"]) for r in budget.grid if r["total_token"] > 1} == set(real)
-    plain = [r for r in budget.grid if r["total_token"] == 1]  # plain decoding is a candidate too
+    assert {(r["total_token"], r["depth"]) for r in budget.grid if r["total_token"] > 1 and not r["lookup"]} == set(real)
+    plain = [r for r in budget.grid if r["total_token"] == 1 and not r["lookup"]]  # plain decoding is a candidate too
     assert len(plain) == 1 and plain[0]["tau"] == 1.0 and plain[0]["ms_per_step"] == budget.plain_ms > 0
     assert max(max(v) for v in real.values()) >= 3  # long paths really occur
     auto = EaModel.from_modules(target, head, settings=TreeSettings(total_token="auto", top_k=4), background=False)
@@ -474,6 +474,52 @@ def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless(monkeyp
         EaModel(target, head, settings=TreeSettings(total_token="auto"))  # the constructor never times
     ids = prompt(1, 5)
     assert torch.equal(auto.eagenerate(ids, max_new_tokens=30), hf_greedy(target, ids, 30))
+
+
+def test_the_tuner_predicts_what_a_lookup_chain_adds_on_every_step():
+    """For every (n, d) and chain length L of the grid, a tree with the chain merged in accepts what
+    the tuner predicts from the greedy text alone: max(the tree's own length, 1 + the chain's
+    matching prefix), on every calibration step whose chain ends inside the decoded text."""
+    from eagle.decoding.prompt_lookup import lookup_chain, merge_chain
+    from eagle.decoding.tree import build_tree, reindex_parents, select_nodes
+    from eagle.decoding.verify import verify_greedy
+    from eagle.tuning.tuner import calibration_prompts, chain_lengths, tune_tree
+
+    target, head = near_bigram_pair(3, coupling=0.3)
+    model = EaModel(target, head, settings=TreeSettings(total_token=8, depth=3, top_k=4))
+    sizes, depths, steps = (4, 8), (2,), 12
+    prompts = calibration_prompts(model)[:2]
+    with torch.inference_mode():
+        budget = tune_tree(model, prompts, sizes=sizes, depths=depths, steps_per_prompt=steps, repeats=1)
+        step, checked = 0, 0
+        for ids in prompts:
+            state, _ = model.prefill(ids, SamplingParams())
+            ends = []
+            for _ in range(steps):
+                for n in sizes:
+                    tokens, scores, parents = model.draft_candidates(state, 2)
+                    kept = select_nodes(scores, parents, n - 1)
+                    for lookup in chain_lengths(n, sizes)[1:] + [2]:
+                        chain = lookup_chain(state.ids[0], lookup)
+                        tree = build_tree(*merge_chain(torch.cat([state.root, tokens[kept]]),
+                                                       reindex_parents(kept, parents), chain))
+                        got = verify_greedy(tree, model.verify(state, tree).logits)[0].numel()
+                        model.discard(state)
+                        want = max(budget.accepted[(n, 2)][step], 1 + min(budget.copied[step], lookup))
+                        ends.append((step, state.ids.shape[1] + lookup, got, want))
+                big = model.draft_candidates(state, 2)
+                kept = select_nodes(big[1], big[2], max(sizes) - 1)
+                state, _ = model.step(state, build_tree(torch.cat([state.root, big[0][kept]]),
+                                                        reindex_parents(kept, big[2])), SamplingParams())
+                step += 1
+            for _, end, got, want in ends:
+                assert got >= want
+                if end <= state.ids.shape[1]:  # the tuner saw the tokens this chain could copy
+                    assert got == want
+                    checked += 1
+    assert checked > 30 and max(budget.copied) >= 2  # chains really copy here
+    rows = {(r["total_token"], r["lookup"]) for r in budget.grid}
+    assert {(4, 4), (4, 3), (8, 0), (1, 3), (1, 6), (1, 0)} <= rows and (8, 1) not in rows  # n + L fits; lookup alone too
 
 
 def test_a_one_node_tree_decodes_by_plain_steps_and_the_tuner_can_pick_it(monkeypatch):
@@ -493,6 +539,18 @@ def test_a_one_node_tree_decodes_by_plain_steps_and_the_tuner_can_pick_it(monkey
     assert autotune.choose(grid)["total_token"] == 1
     grid[0]["tau"], grid[0]["tokens_per_s"] = 2.0, 66.7
     assert autotune.choose(grid)["total_token"] == 8
+
+
+def test_prompt_lookup_alone_drafts_nothing_and_stays_lossless(monkeypatch):
+    """total_token=1 with a chain (a tuner row): the head drafts no tree, the chain alone is verified,
+    and the output is plain greedy decoding's."""
+    target, head = near_bigram_pair(4)
+    model = EaModel(target, head, settings=TreeSettings(total_token=1, depth=2, top_k=4, lookup=4))
+    assert not model.plain_decoding
+    monkeypatch.setattr(model.drafter, "candidates", lambda *a: pytest.fail("a one-node tree drafted"))
+    ids = prompt(2, 6)
+    out, new, steps = model.eagenerate(ids, max_new_tokens=30, log=True)
+    assert torch.equal(out, hf_greedy(target, ids, 30)) and steps < 30  # the chain copied tokens
 
 
 def test_bad_total_token_is_a_clear_error():

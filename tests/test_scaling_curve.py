@@ -9,10 +9,11 @@ import pytest
 from experiments import scaling_curve
 
 
-def parity_out(folder, trainer: str, tokens: int, steps: int, scores: dict | None):
+def parity_out(folder, trainer: str, tokens: int, steps: int, scores: dict | None, data: str = "sharegpt_packaged"):
     run = folder / "runs" / trainer.replace("@", "-") / "run.json"
     run.parent.mkdir(parents=True)
-    run.write_text(json.dumps({"trainer": trainer, "tokens": tokens, "recipe": {"steps": steps}}))
+    command = f"-m train head=eagle3 store_dir=/stores/t/{data}-limit2100-regenFalse-len1024 output_dir=x"
+    run.write_text(json.dumps({"trainer": trainer, "tokens": tokens, "recipe": {"steps": steps}, "command": command}))
     if scores is not None:
         (folder / "scores.json").write_text(json.dumps({f"{trainer}|mtbench-24x128-bfloat16": scores}))
 
@@ -23,10 +24,12 @@ def test_each_judged_run_is_a_point_in_token_order(tmp_path):
     parity_out(tmp_path / "half", "ours-eagle3@ref", 750_000, 190, {"chain3_tau": 1.40, "tree_tau": 1.90,
                                                                       "vllm_skipped": "no vLLM here"})
     parity_out(tmp_path / "unjudged", "ours-eagle3@ref", 375_000, 95, None)
-    found = scaling_curve.points([tmp_path / "full", tmp_path / "half", tmp_path / "unjudged"])
-    assert [(p.tokens, p.scores["vllm_tau"]) for p in found] == [(750_000, None), (1_500_000, 1.46)]
+    parity_out(tmp_path / "regen", "ours-eagle3@ref", 1_500_000, 379, {"tree_tau": 2.3}, data="regen-c0-22")
+    found = scaling_curve.points([tmp_path / "full", tmp_path / "half", tmp_path / "unjudged", tmp_path / "regen"])
+    assert [(p.data, p.tokens, p.scores["vllm_tau"]) for p in found] == [
+        ("regen-c0-22", 1_500_000, None), ("sharegpt_packaged", 750_000, None), ("sharegpt_packaged", 1_500_000, 1.46)]
     md = scaling_curve.table(found)
-    assert "| ours-eagle3@ref | 750,000 | 190 | — | 1.40 | 1.90 |" in md
+    assert "| ours-eagle3@ref | sharegpt_packaged | 750,000 | 190 | — | 1.40 | 1.90 |" in md
     scaling_curve.plot(found, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").stat().st_size > 10_000
     with pytest.raises(SystemExit, match="no judged runs"):

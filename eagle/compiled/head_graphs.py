@@ -37,7 +37,7 @@ import torch
 from torch import nn
 
 from eagle.compiled.graph_cache import compiled_call
-from eagle.compiled.target_graphs import bucket, padded_mask
+from eagle.compiled.target_graphs import bucket, padded_mask, pending_shapes
 from eagle.heads.eagle2 import KVCache
 
 log = logging.getLogger("eagle")
@@ -102,13 +102,11 @@ class CompiledHead:
         return hidden[:m], HeadRows(p + m)
 
     def pending(self) -> list[tuple]:
-        """Head shapes worth compiling before the next generation: those that ran eagerly (`defer`), and, once
-        a call has filled half the buffer, the next buffer size's twins of this size's shapes (the scorer's
-        shapes do not depend on the buffer)."""
-        ahead = set(self.missing)
-        if self.keys is not None and 2 * self.reached > self.size:
-            ahead |= {("head", 2 * self.size, *shape[2:]) for shape in self.shapes if shape[:2] == ("head", self.size)}
-        return sorted(ahead - self.shapes)
+        """Head shapes worth compiling before the next generation (`pending_shapes`; the scorer's shapes do
+        not depend on the buffer)."""
+        size = self.size if self.keys is not None else None
+        return pending_shapes(self.missing, self.shapes, size, self.reached,
+                              lambda s: ("head", 2 * size, *s[2:]) if s[:2] == ("head", size) else None)
 
     def prepare(self, shape: tuple) -> None:
         """Compile one ("head", L, rows, feature width) shape by a call on zeros (its own buffers: the

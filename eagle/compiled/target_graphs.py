@@ -82,6 +82,16 @@ def bucket(rows: int) -> int:
     return size
 
 
+def pending_shapes(missing: set, shapes: set, size: int | None, reached: int, twin) -> list:
+    """The graphs a runner should compile before the next generation: the shapes that ran eagerly, and,
+    once a call has filled half of the buffer in use (`size` rows), the next size's twins of the shapes
+    compiled for this one (`twin(shape)`: that twin, or None for a shape of another size)."""
+    ahead = set(missing)
+    if size is not None and 2 * reached > size:
+        ahead |= {t for t in map(twin, shapes) if t is not None}
+    return sorted(ahead - shapes)
+
+
 def wanted(compile: bool | None) -> bool:
     """compile=None (the default): on, unless the environment sets EAGLE_COMPILE=0."""
     return os.environ.get("EAGLE_COMPILE", "1") != "0" if compile is None else bool(compile)
@@ -177,12 +187,10 @@ class CompiledTarget:
         return self._run(tokens, positions, self._mask(visible, past, rows), past, rows, hidden)
 
     def pending(self) -> list[tuple[int, int, bool]]:
-        """Shapes worth compiling before the next generation: those that ran eagerly (`defer`), and, once a
-        forward has filled half the bucket in use, the next bucket's twins of this bucket's shapes."""
-        ahead = set(self.missing)
-        if self.cache is not None and 2 * self.reached > self.size:
-            ahead |= {(2 * size, rows, hidden) for size, rows, hidden in self.shapes if size == self.size}
-        return sorted(ahead - self.shapes)
+        """(bucket, rows, hidden) shapes worth compiling before the next generation (`pending_shapes`)."""
+        size = self.size if self.cache is not None else None
+        return pending_shapes(self.missing, self.shapes, size, self.reached,
+                              lambda s: (2 * size, *s[1:]) if s[0] == size else None)
 
     def prepare(self, shape: tuple[int, int, bool]) -> None:
         """Compile one (bucket, rows, hidden) shape by a forward of padding tokens in that bucket. Only between

@@ -8,13 +8,11 @@ takes its fields as keyword arguments; `python -m eagle.chat` and the evaluation
 The default is the fastest lossless choice measured here: `total_token="auto"`, resolved
 when a model is built (`EaModel.from_pretrained` / `EaModel.from_modules` time this device
 once, eagle/tuning/tuner.py, and reuse the pick on later loads, eagle/tuning/budget_cache.py),
-plus a 10-token prompt-lookup chain (`lookup=10`; `lookup=0` turns it off). With compiled
-forwards a wide verify costs about one plain step, and the chain paid on every prompt set and
-thread count measured (shipped EAGLE-2 head, tree 8/2: 1.72× / 1.82× `naive` on MT-bench at 2 / 1
-threads against 1.24× / 1.32× without it, 1.63× against 1.42× on held-out ShareGPT; docs/speed.md).
-A step without a match verifies the tree alone. With the chain on, the tuner picks a tree, never
-plain steps (it does not time the chain's gain); with `lookup=0`, plain decoding is one of its
-candidates. An `EaModel` itself always holds a number.
+with a prompt-lookup chain of up to 10 tokens (`lookup=10`; `lookup=0` turns it off): the tuner
+measures what a chain of each length adds and costs on its calibration prompts and picks the
+length with the tree, 0 and plain decoding included, so the chain is on only where it pays. With a
+fixed `total_token`, the chain is `lookup` tokens. A step without a match verifies the tree alone.
+An `EaModel` itself always holds numbers.
 """
 
 from __future__ import annotations
@@ -37,7 +35,7 @@ class TreeSettings:
     depth: int = 5  # draft steps of the dynamic tree
     top_k: int = 8  # children of each expanded node (dynamic tree)
     draft_vocab: int | None = None  # propose only the N most frequent tokens of the head's vocabulary
-    lookup: int = 10  # tokens of a prompt-lookup chain merged into each tree (0 = off)
+    lookup: int = 10  # tokens of a prompt-lookup chain merged into each tree (0 = off); "auto": the most it may use
 
     def __post_init__(self) -> None:
         if self.total_token != AUTO and (not isinstance(self.total_token, int) or self.total_token < 1):
@@ -62,9 +60,9 @@ class TreeSettings:
             return None
         return DEFAULT_CHOICES if self.tree == "static" else self.tree
 
-    def tuned(self, total_token: int, depth: int) -> "TreeSettings":
-        """The same settings with the dynamic tree's budget fixed."""
-        return replace(self, total_token=total_token, depth=depth)
+    def tuned(self, total_token: int, depth: int, lookup: int | None = None) -> "TreeSettings":
+        """The same settings with the dynamic tree's budget (and the chain's length, when given) fixed."""
+        return replace(self, total_token=total_token, depth=depth, lookup=self.lookup if lookup is None else lookup)
 
     def describe(self) -> str:
         """One line for logs and reports."""

@@ -74,7 +74,10 @@ class Drafter:
 
     def dynamic(self, state: DecodeState, total_token: int, depth: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
         """EAGLE-2: grow the top_k best nodes by cumulative draft log-prob, then keep the
-        total_token - 1 best of all. Returns tree tokens [N] and parents [N], root first."""
+        total_token - 1 best of all. Returns tree tokens [N] and parents [N], root first (a one-node
+        tree, which prompt lookup alone extends, drafts nothing)."""
+        if total_token == 1:
+            return state.root.reshape(1), torch.tensor([-1])
         tokens, scores, parents = self.candidates(state, depth, draft_width(total_token, top_k))
         with record_function("eagle.draft.tree"):
             kept = select_nodes(scores, parents, total_token - 1)

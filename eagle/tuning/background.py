@@ -42,16 +42,22 @@ SWITCH_INTERVAL = 2e-4  # seconds: how long a thread holding the GIL keeps it wh
 
 
 @contextlib.contextmanager
-def gil_for_the_reply():
-    """While a reply decodes beside a background compile: the GIL changes hands every 0.2 ms instead of 5.
+def reply_beside_work(one_thread: bool):
+    """Around a reply that decodes beside background work: the GIL changes hands every 0.2 ms instead of 5,
+    and with one_thread (the work is compiling or timing now) torch runs this thread's ops on one core.
+
     Each torch op of the reply releases the GIL and waits a whole switch interval to get it back from the
-    compiling thread, which runs Python (tracing, lowering) nonstop; a forward has hundreds of ops."""
-    interval = sys.getswitchinterval()
+    compiling thread, which runs Python (tracing, lowering) nonstop; a forward has hundreds of ops. OpenMP
+    workers waiting for a core the compiler holds made eager decoding ~10x slower."""
+    interval, threads = sys.getswitchinterval(), torch.get_num_threads()
     sys.setswitchinterval(min(interval, SWITCH_INTERVAL))
+    if one_thread:
+        torch.set_num_threads(1)  # this thread's setting only
     try:
         yield
     finally:
         sys.setswitchinterval(interval)
+        torch.set_num_threads(threads)
 
 
 class Stopped(Exception):

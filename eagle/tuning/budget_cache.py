@@ -25,10 +25,11 @@ from eagle.tuning.tuner import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget
 from eagle.targets.resolve import cache_dir
 
 # Bump when the tuner's measurement changes, so old picks are not reused.
-VERSION = 6  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;
+VERSION = 7  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;
 #            4: the head and its scorer compiled (draft and rest of a step cost less);
 #            5: the plain step timed in the verify widths' rounds (it was timed back to back, too fast);
-#            6: every compiled width autotuned to the C++ GEMM template (wide verifies cost less)
+#            6: every compiled width autotuned to the C++ GEMM template (wide verifies cost less);
+#            7: rows with a prompt-lookup chain, plain decoding always a candidate
 
 
 def tuned_sizes(model) -> tuple[int, ...]:
@@ -37,13 +38,13 @@ def tuned_sizes(model) -> tuple[int, ...]:
 
 
 def key_of(model) -> dict:
-    """`budget_key` of a model as `EaModel.tune` times it (plain decoding a candidate unless it adds lookup)."""
-    return budget_key(model, tuned_sizes(model), DEPTHS, not model.settings.lookup)
+    """`budget_key` of a model as `EaModel.tune` times it."""
+    return budget_key(model, tuned_sizes(model), DEPTHS)
 
 
-def budget_key(model, sizes, depths, plain: bool) -> dict:
-    """Everything a tuned budget depends on, with the weights as digests (plain: whether plain
-    decoding was a candidate)."""
+def budget_key(model, sizes, depths) -> dict:
+    """Everything a tuned budget depends on, with the weights as digests (not the longest chain a model
+    allows: the grid holds every length, and `TreeBudget.picked` chooses)."""
     target, head = model.target, model.head
     lm_head = target.get_output_embeddings().weight
     return {
@@ -53,7 +54,7 @@ def budget_key(model, sizes, depths, plain: bool) -> dict:
                           target.config.to_json_string(use_diff=False).encode()),
         "dtype": str(lm_head.dtype), "device": _device_name(lm_head.device), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "top_k": model.settings.top_k, "draft_vocab": model.draft_vocab_size,
-        "compiled": model.compiled is not None, "plain_candidate": plain,
+        "compiled": model.compiled is not None,
     }
 
 
@@ -72,16 +73,16 @@ def load(key: dict) -> TreeBudget | None:
         return TreeBudget(fields["total_token"], fields["depth"], fields["tokens_per_second"], fields["grid"],
                           {int(n): ms for n, ms in fields["verify_ms"].items()},
                           {_pair(kd): ms for kd, ms in fields["draft_ms"].items()}, fields["rest_ms"],
-                          fields.get("plain_ms"))
+                          fields["plain_ms"], lookup=fields["lookup"], lookup_ms=fields["lookup_ms"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 
 
 def save(key: dict, budget: TreeBudget) -> Path:
-    """Store a TreeBudget atomically (its per-step accept lengths are left out)."""
+    """Store a TreeBudget atomically (its per-step accept and copy lengths are left out)."""
     path = path_of(key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fields = {k: v for k, v in asdict(budget).items() if k != "accepted"}
+    fields = {k: v for k, v in asdict(budget).items() if k not in ("accepted", "copied")}
     fields["draft_ms"] = {f"{k},{d}": ms for (k, d), ms in budget.draft_ms.items()}  # JSON keys are strings
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     with os.fdopen(fd, "w") as f:

@@ -18,9 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
-import torch
-
-from eagle.tuning.background import BackgroundWork, gil_for_the_reply, runner_lock
+from eagle.tuning.background import BackgroundWork, reply_beside_work, runner_lock
 
 log = logging.getLogger("eagle")
 START_DELAY = 2.0  # seconds after a reply before the first graph compiles (a piped question exits first)
@@ -91,15 +89,11 @@ def start_if_pending(model) -> None:
 
 @contextlib.contextmanager
 def _eager_on_one_thread(model):
-    """The eager runners for one generation, on one thread (OpenMP workers waiting for a core the compiler
-    holds made eager decoding ~10x slower)."""
+    """The eager runners for one generation, on one thread, while a graph compiles beside it."""
     log.info("a graph is compiling in the background: this reply decodes eagerly")
-    threads = torch.get_num_threads()
     model.use_runners(compiled=False)
-    torch.set_num_threads(1)
     try:
-        with gil_for_the_reply():
+        with reply_beside_work(one_thread=True):
             yield
     finally:
-        torch.set_num_threads(threads)
         model.use_runners(compiled=True)

@@ -31,10 +31,20 @@ the head. `tune_tree` measures both sides at load time:
    one graph repeated keeps them warm), and the tuner picked plain steps where a 4-node tree
    decoded 1.15x faster end to end (docs/speed.md).
 
-The choice maximises mean(accepted + 1) / (draft(width(n), d) + verify(n) + rest) over the grid; of
+4. **The prompt-lookup chain** (eagle/decoding/prompt_lookup.py). Whether a chain of L tokens
+   would have been accepted depends only on the greedy text, which calibration has decoded: at
+   every step the chain found in the context so far is compared with the tokens that followed it,
+   and a tree with a chain accepts the longer of its own path and the chain's matching prefix. A
+   step with a chain verifies n + L rows, costed as the narrowest timed width that holds them
+   (`CHAIN_LENGTHS`), on every step (a step whose chain lies inside the tree, or finds none,
+   verifies only n); n = 1 with a chain is prompt lookup alone, without drafting.
+
+The choice maximises mean(accepted) / (draft(width(n), d) + verify(n + L) + rest) over the grid; of
 the choices within `TOLERANCE` of the best it takes the cheapest step (the smallest tree,
 plain decoding first), since timings cannot tell them apart and a small tree costs least when
-the estimate is off. So speculation is the default only where this device gains from it.
+the estimate is off. So speculation, and the chain, are the default only where this device gains
+from them. The grid keeps every chain length, so models that allow shorter chains (`lookup`, the
+longest a model may use) pick from the same measurement (`TreeBudget.picked`).
 
 The tuner drives a model only through its public step API (`prefill`, `draft_candidates`,
 `verify`, `discard`, `step`; eagle/model.py). `python -m evaluation.tuner_spread --runs 4` tunes
@@ -47,10 +57,11 @@ import logging
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
+from eagle.decoding.prompt_lookup import lookup_chain
 from eagle.decoding.tree_drafter import draft_width
 from eagle.targets.tokenizer import chat_prompt
 from eagle.decoding.tree import Tree, build_tree, reindex_parents, select_nodes
@@ -61,6 +72,8 @@ SIZES = (8, 12, 16, 24, 32, 48, 64)
 COMPILED_SIZES = (2, 4, 8, 16, 32)  # compiled: each width a graph (~100-130 s to compile and autotune; ~20 s cached)
 DEPTHS = (1, 2, 3, 4, 5, 6, 7)
 PLAIN = "plain"  # the plain step's key among the timed forwards
+CHAIN_LENGTHS = (1, 2, 3, 4, 6, 8, 10, 12, 16)  # prompt-lookup chains scored
+LOOKUP_LIMIT = max(CHAIN_LENGTHS)
 TOLERANCE = 0.03  # choices this close to the best expected tokens/s count as equally fast
 CALIBRATION_TEXTS = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
@@ -77,60 +90,128 @@ class TreeBudget:
     total_token: int
     depth: int
     tokens_per_second: float
-    grid: list[dict] = field(default_factory=list)  # one row per (total_token, depth)
+    grid: list[dict] = field(default_factory=list)  # one row per (total_token, depth, lookup)
     verify_ms: dict[int, float] = field(default_factory=dict)
     draft_ms: dict[tuple[int, int], float] = field(default_factory=dict)  # (pool width, depth) -> ms
     rest_ms: float = 0.0
     plain_ms: float | None = None  # one plain decoding step (the grid's total_token=1 row)
     accepted: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (n, d) -> per-step lengths
+    lookup: int = 0  # tokens of the prompt-lookup chain merged into each tree (0 = none)
+    lookup_ms: float = 0.0  # finding the chain, per step
+    copied: list[int] = field(default_factory=list)  # per calibration step: leading chain tokens that match
+
+    def picked(self, max_lookup: int = LOOKUP_LIMIT) -> "TreeBudget":
+        """The same measurements, choosing among the rows whose chain has at most max_lookup tokens. A tree
+        picked without a chain gets the chain of up to max_lookup tokens that suits it best (the longest
+        of equals): the decoder merges it only while it pays in a generation (eagle/decoding/lookup_gate.py),
+        and prompts copy more or less than the calibration prompts do."""
+        best = choose(self.grid, max_lookup=max_lookup)
+        lookup = best.get("lookup", 0)
+        if best["total_token"] > 1 and not lookup and max_lookup:
+            chains = [r for r in self.grid if 0 < r.get("lookup", 0) <= max_lookup and _same_tree(r, best)]
+            lookup = max(chains, key=lambda r: (r["tokens_per_s"], r["lookup"]))["lookup"] if chains else 0
+        return replace(self, total_token=best["total_token"], depth=best["depth"], lookup=lookup,
+                       tokens_per_second=best["tokens_per_s"])
+
+    def chain_cost(self) -> float | None:
+        """How much more a step of the picked tree costs with its chain than without (0.2 = 20 %), from the
+        grid; None without a chain or without those rows."""
+        rows = {r.get("lookup", 0): r["ms_per_step"] for r in self.grid
+                if (r["total_token"], r["depth"]) == (self.total_token, self.depth)}
+        if not self.lookup or self.lookup not in rows or 0 not in rows:
+            return None
+        return rows[self.lookup] / rows[0] - 1
+
+
+def _same_tree(a: dict, b: dict) -> bool:
+    return (a["total_token"], a["depth"]) == (b["total_token"], b["depth"])
 
 
 def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, depths=DEPTHS,
-              steps_per_prompt: int = 16, repeats: int = 5, plain: bool = True,
+              steps_per_prompt: int = 16, repeats: int = 5, max_lookup: int = LOOKUP_LIMIT,
               pause: Callable[[], None] | None = None) -> TreeBudget:
-    """Measure acceptance and cost on this device; return the fastest (total_token, depth), where
-    total_token=1 is plain decoding (plain=False: trees only). pause: called before each timed part
-    (a calibration step, a round of forwards)."""
+    """Measure acceptance and cost on this device; return the fastest (total_token, depth, lookup)
+    with a chain of at most max_lookup tokens, where total_token=1, lookup=0 is plain decoding.
+    pause: called before each timed part (a calibration step, a round of forwards)."""
     pause = pause or (lambda: None)
     prompts = prompts if prompts is not None else calibration_prompts(model)
     sizes, depths = sorted(sizes), sorted(depths)
     accepted: dict[tuple[int, int], list[int]] = {(n, d): [] for n in sizes for d in depths}
-    rest: list[float] = []
+    rest, copied, lookup_s = [], [], []
     state = None
     for ids in prompts:
         state, _ = model.prefill(ids)
+        contexts = []  # committed tokens before each step
         for _ in range(steps_per_prompt):
             pause()
+            contexts.append(state.ids.shape[1])
             state, seconds = _calibration_step(model, state, sizes, depths, accepted)
             rest.append(seconds)
+        _copied_lengths(state.ids[0].cpu(), contexts, copied, lookup_s)
     forwards: dict[object, Callable[[], None]] = {n: lambda n=n: _verify_only(model, state, n) for n in sizes}
-    if plain:  # timed in the same rounds as the verify widths: alike, or a burst of load favours one side
-        model.plain.prefill(state.ids[:, :-1])
-        forwards[PLAIN] = lambda: _plain_only(model, state)
+    # timed in the same rounds as the verify widths: alike, or a burst of load favours one side
+    model.plain.prefill(state.ids[:, :-1])
+    forwards[PLAIN] = lambda: _plain_only(model, state)
     ms = fastest_ms(forwards, repeats, pause)
-    plain_ms = ms.pop(PLAIN, None)
+    plain_ms = ms.pop(PLAIN)
     verify_ms = monotone_costs(ms)
     width = {n: draft_width(n, model.settings.top_k) for n in sizes}
     draft_ms = _draft_costs(model, state, sorted(set(width.values())), depths, repeats, pause)
-    rest_ms = max(0.0, statistics.median(rest) * 1e3)
-    grid = []
-    for (n, d), lengths in accepted.items():
-        cost = draft_ms[(width[n], d)] + verify_ms[n] + rest_ms
-        tau = statistics.fmean(lengths)
-        grid.append({"total_token": n, "depth": d, "tau": tau, "ms_per_step": cost, "tokens_per_s": 1e3 * tau / cost})
-    if plain_ms is not None:
-        grid.append({"total_token": 1, "depth": depths[0], "tau": 1.0, "ms_per_step": plain_ms,
-                     "tokens_per_s": 1e3 / plain_ms})
-    best = choose(grid)
-    return TreeBudget(best["total_token"], best["depth"], best["tokens_per_s"], grid, verify_ms, draft_ms, rest_ms,
-                      plain_ms, accepted)
+    budget = TreeBudget(0, 0, 0.0, [], verify_ms, draft_ms, max(0.0, statistics.median(rest) * 1e3), plain_ms,
+                        accepted, lookup_ms=statistics.median(lookup_s) * 1e3, copied=copied)
+    budget.grid = _grid(budget, {(n, d): draft_ms[(width[n], d)] for n in sizes for d in depths}, depths[0])
+    return budget.picked(max_lookup)
 
 
-def choose(grid: list[dict], tolerance: float = TOLERANCE) -> dict:
-    """The cheapest grid row whose expected tokens/s is within `tolerance` of the best."""
+def _grid(b: TreeBudget, draft: dict[tuple[int, int], float], first_depth: int) -> list[dict]:
+    """A row per (total_token, depth, lookup): expected tokens per step (tau), ms per step, tokens/s.
+    draft: ms of drafting the tree of (n, d)."""
+    def row(n, d, lookup, lengths, ms):
+        tau = statistics.fmean(max(a, 1 + min(c, lookup)) for a, c in zip(lengths, b.copied, strict=True))
+        ms += b.rest_ms + (b.lookup_ms if lookup else 0.0)
+        return {"total_token": n, "depth": d, "lookup": lookup, "tau": tau, "ms_per_step": ms,
+                "tokens_per_s": 1e3 * tau / ms}
+
+    grid = [row(n, d, lookup, lengths, draft[(n, d)] + verify_cost(b.verify_ms, n + lookup))
+            for (n, d), lengths in b.accepted.items() for lookup in chain_lengths(n, b.verify_ms)]
+    alone = [1] * len(b.copied)  # prompt lookup without drafting: the root, and the chain
+    grid += [row(1, first_depth, lookup, alone, verify_cost(b.verify_ms, 1 + lookup)) for lookup in chain_lengths(1, b.verify_ms)
+             if lookup]
+    grid.append({"total_token": 1, "depth": first_depth, "lookup": 0, "tau": 1.0, "ms_per_step": b.plain_ms,
+                 "tokens_per_s": 1e3 / b.plain_ms})
+    return grid
+
+
+def chain_lengths(n: int, widths) -> list[int]:
+    """0, and each of CHAIN_LENGTHS whose verify of n + L rows fits within a timed width."""
+    return [0] + [lookup for lookup in CHAIN_LENGTHS if n + lookup <= max(widths)]
+
+
+def verify_cost(verify_ms: dict[int, float], rows: int) -> float:
+    """The ms of a verify of `rows` rows: the narrowest timed width that holds them (costs only rise with
+    the width, so an untimed width between two costs at most the wider one)."""
+    return verify_ms[min(w for w in verify_ms if w >= rows)]
+
+
+def _copied_lengths(ids: torch.Tensor, contexts: list[int], copied: list[int], seconds: list[float]) -> None:
+    """For each step's context length m: how many leading tokens of the LOOKUP_LIMIT-token chain found in
+    ids[:m] are the greedy tokens that followed (ids[m:], as far as calibration decoded), appended to
+    copied; the seconds finding each chain took, to seconds. ids [L]"""
+    for m in contexts:
+        start = time.perf_counter()
+        chain = lookup_chain(ids[:m], LOOKUP_LIMIT)
+        seconds.append(time.perf_counter() - start)
+        truth = ids[m: m + chain.numel()]
+        copied.append(int((chain[: truth.numel()] == truth).long().cumprod(0).sum()))
+
+
+def choose(grid: list[dict], tolerance: float = TOLERANCE, max_lookup: int = LOOKUP_LIMIT) -> dict:
+    """The cheapest grid row whose expected tokens/s is within `tolerance` of the best, among the rows
+    whose chain has at most max_lookup tokens."""
+    grid = [r for r in grid if r.get("lookup", 0) <= max_lookup]
     best = max(r["tokens_per_s"] for r in grid)
     close = [r for r in grid if r["tokens_per_s"] >= (1 - tolerance) * best]
-    return min(close, key=lambda r: (r["ms_per_step"], r["total_token"], r["depth"]))
+    return min(close, key=lambda r: (r["ms_per_step"], r["total_token"], r["depth"], r.get("lookup", 0)))
 
 
 def fastest_ms(fns: dict[object, Callable[[], None]], rounds: int,
@@ -250,16 +331,20 @@ def _plain_only(model, state) -> None:
 
 
 def describe(budget: TreeBudget) -> str:
-    """One log line per depth: the best size and its expected tokens/s."""
-    lines = [f"tree budget: total_token={budget.total_token} depth={budget.depth} "
+    """One log line per depth: each size's expected tokens/s without a chain; and per chain length, its best tree."""
+    lines = [f"tree budget: total_token={budget.total_token} depth={budget.depth} lookup={budget.lookup} "
              f"(expected {budget.tokens_per_second:.1f} tok/s; rest of step {budget.rest_ms:.1f} ms)",
              "  verify: " + ", ".join(f"n={n} {ms:.1f} ms" for n, ms in sorted(budget.verify_ms.items()))]
     if budget.plain_ms is not None:
         lines.append(f"  plain decoding: {budget.plain_ms:.1f} ms/token ({1e3 / budget.plain_ms:.0f}/s)")
-    trees = [r for r in budget.grid if r["total_token"] > 1]
+    trees = [r for r in budget.grid if r["total_token"] > 1 and not r.get("lookup")]
     for d in sorted({r["depth"] for r in trees}):
         rows = [r for r in trees if r["depth"] == d]
         drafts = ", ".join(f"width {k} {ms:.1f}" for (k, dd), ms in sorted(budget.draft_ms.items()) if dd == d)
         lines.append(f"  depth {d} (draft ms: {drafts}): " + ", ".join(
             f"n={r['total_token']} τ={r['tau']:.2f} {r['tokens_per_s']:.0f}/s" for r in rows))
+    for lookup in sorted({r.get("lookup", 0) for r in budget.grid} - {0}):
+        r = max((r for r in budget.grid if r.get("lookup") == lookup), key=lambda r: r["tokens_per_s"])
+        lines.append(f"  lookup {lookup}, best tree n={r['total_token']} depth {r['depth']}: "
+                     f"τ={r['tau']:.2f} {r['tokens_per_s']:.0f}/s")
     return "\n".join(lines)

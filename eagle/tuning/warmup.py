@@ -26,9 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
-import torch
-
-from eagle.tuning.background import BackgroundWork, gil_for_the_reply, runner_lock
+from eagle.tuning.background import BackgroundWork, reply_beside_work, runner_lock
 from eagle.tuning.compile_ahead import compiled_generation
 from eagle.tuning.tuner import calibration_prompts
 
@@ -77,14 +75,10 @@ def generation(model):
     warmup = model.warmup
     if warmup is not None:
         warmup.idle.clear()
-        threads = torch.get_num_threads()
-        if warmup.working:  # a compile (C++ compilers on every core) or a timing is under way: one thread
-            torch.set_num_threads(1)  # spins no idle OpenMP workers against it (this thread's setting only)
-        try:
-            with gil_for_the_reply():
+        try:  # one thread while a compile (C++ compilers on every core) or a timing is under way
+            with reply_beside_work(one_thread=warmup.working):
                 yield
         finally:
-            torch.set_num_threads(threads)
             warmup.idle.set()
             warmup.generated.set()
     elif model.runner is model.compiled and model.compiled is not None:
