@@ -80,3 +80,5 @@ def test_a_tree_picked_without_a_chain_gets_the_chain_that_suits_it():
     assert budget.picked(4).lookup == 0  # no chain of at most 4 tokens was timed for the 8-node tree
     grid.append({"total_token": 8, "depth": 2, "lookup": 6, "tau": 2.1, "ms_per_step": 30.0, "tokens_per_s": 70.0})
     assert budget.picked(10).lookup == 8  # of chains that score alike, the longest
+    grid[1:3] = [{**grid[2], "tokens_per_s": 90.0}, {**grid[2], "lookup": 4, "tokens_per_s": 90.0}]
+    assert budget.picked(10).lookup == 8 and budget.picked(5).lookup == 4

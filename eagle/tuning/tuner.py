@@ -207,11 +207,12 @@ def _copied_lengths(ids: torch.Tensor, contexts: list[int], copied: list[int], s
 
 def choose(grid: list[dict], tolerance: float = TOLERANCE, max_lookup: int = LOOKUP_LIMIT) -> dict:
     """The cheapest grid row whose expected tokens/s is within `tolerance` of the best, among the rows
-    whose chain has at most max_lookup tokens."""
+    whose chain has at most max_lookup tokens; of equally cheap trees, the longest chain (it verifies
+    within the same timed width, and the decoder merges it only where it pays)."""
     grid = [r for r in grid if r.get("lookup", 0) <= max_lookup]
     best = max(r["tokens_per_s"] for r in grid)
     close = [r for r in grid if r["tokens_per_s"] >= (1 - tolerance) * best]
-    return min(close, key=lambda r: (r["ms_per_step"], r["total_token"], r["depth"], r.get("lookup", 0)))
+    return min(close, key=lambda r: (r["ms_per_step"], r["total_token"], r["depth"], -r.get("lookup", 0)))
 
 
 def fastest_ms(fns: dict[object, Callable[[], None]], rounds: int,
