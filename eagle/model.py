@@ -44,7 +44,7 @@ from torch.profiler import record_function
 
 from eagle.common import progress
 from eagle.tuning import budget_cache
-from eagle.tuning.tuner import DEPTHS, SIZES, TreeBudget, describe, tune_tree
+from eagle.tuning.tuner import DEPTHS, SIZES, TOLERANCE, TreeBudget, describe, tune_tree
 from eagle.tuning.warmup import Warmup, adopt, generation, prepare_in_background
 from eagle.heads.checkpoint import Head, check_head_fits, load_head
 from eagle.compiled.head_graphs import CompiledHead
@@ -269,10 +269,11 @@ class EaModel(nn.Module):
                              method="naive")
 
     def _lookup_gate(self) -> LookupGate | None:
-        """A tuned model's chain is merged only while it pays in this generation (LookupGate); a chain set
-        by hand always is."""
+        """A tuned model's chain is merged only while it pays in this generation (LookupGate), unless the
+        tuner found it as cheap as no chain (within TOLERANCE: toggling between two verify graphs then
+        costs more than it saves); a chain set by hand always is."""
         extra = self.tuning.chain_cost() if self.tuning is not None and self.settings.lookup else None
-        return None if extra is None else LookupGate(extra)
+        return None if extra is None or extra < TOLERANCE else LookupGate(extra)
 
     @property
     def plain_decoding(self) -> bool:

@@ -50,7 +50,7 @@ def test_a_chain_that_copies_stays_on_and_waits_for_the_tokens_that_judge_it():
 
 def test_a_tuned_models_gate_keeps_greedy_output_and_turns_a_useless_chain_off():
     """With the chain costing a lot (extra 5x a step) and costing nothing, decoding equals HF greedy; the
-    costly chain is merged on few steps, the free one whenever a chain is found."""
+    costly chain is merged on few steps, the free one is not gated."""
     target, head = near_bigram_pair(6)
     settings = replace(FIXED, total_token=4, depth=2, top_k=4, lookup=4)
     ids = prompt(3, 12)
@@ -63,9 +63,10 @@ def test_a_tuned_models_gate_keeps_greedy_output_and_turns_a_useless_chain_off()
         model = EaModel(target, head, settings=settings)
         model.tuning = TreeBudget(4, 2, 150.0, grid, lookup=4)
         assert model.tuning.chain_cost() == extra
+        assert (model._lookup_gate() is None) == (extra == 0.0)  # a free chain is merged at every step
         assert torch.equal(model.eagenerate(ids, max_new_tokens=40), want)
         merged[extra] = model.last_stats.chain_steps / model.last_stats.steps
-    assert merged[5.0] < 0.2 < merged[0.0]
+    assert merged[5.0] < 0.2 and merged[0.0] == 0  # ungated steps are not counted
 
 
 def test_a_tree_picked_without_a_chain_gets_the_chain_that_suits_it():
