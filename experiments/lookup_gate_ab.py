@@ -1,6 +1,6 @@
 """Does the gated prompt-lookup chain (eagle/decoding/lookup_gate.py) ever decode slower than the head alone?
 
-    python -m experiments.lookup_gate [--head DIR] [--per-category 1] [--sharegpt 8] [--threads 2]
+    python -m experiments.lookup_gate_ab [--head DIR] [--per-category 1] [--sharegpt 8] [--threads 2]
 
 One model with the default settings (`total_token="auto"`, a chain of up to 10 tokens), ready and
 compiled, decodes every first turn of MT-bench and of held-out ShareGPT in four ways, one after
@@ -41,7 +41,7 @@ def decode(model: EaModel, tuned, variant: str, ids, max_new_tokens: int) -> tup
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = parser(__doc__, "python -m experiments.lookup_gate")
+    ap = parser(__doc__, "python -m experiments.lookup_gate_ab")
     ap.add_argument("--head", default="checkpoints/eagle-smollm2-135m-instruct")
     ap.set_defaults(per_category=1, sharegpt=8, threads=2)
     args = ap.parse_args(argv)
