@@ -332,7 +332,7 @@ def _plain_only(model, state) -> None:
 
 
 def describe(budget: TreeBudget) -> str:
-    """One log line per depth: each size's expected tokens/s without a chain; and per chain length, its best tree."""
+    """One log line per depth: each size's expected tokens/s without a chain; and the best row with one."""
     lines = [f"tree budget: total_token={budget.total_token} depth={budget.depth} lookup={budget.lookup} "
              f"(expected {budget.tokens_per_second:.1f} tok/s; rest of step {budget.rest_ms:.1f} ms)",
              "  verify: " + ", ".join(f"n={n} {ms:.1f} ms" for n, ms in sorted(budget.verify_ms.items()))]
@@ -344,8 +344,9 @@ def describe(budget: TreeBudget) -> str:
         drafts = ", ".join(f"width {k} {ms:.1f}" for (k, dd), ms in sorted(budget.draft_ms.items()) if dd == d)
         lines.append(f"  depth {d} (draft ms: {drafts}): " + ", ".join(
             f"n={r['total_token']} τ={r['tau']:.2f} {r['tokens_per_s']:.0f}/s" for r in rows))
-    for lookup in sorted({r.get("lookup", 0) for r in budget.grid} - {0}):
-        r = max((r for r in budget.grid if r.get("lookup") == lookup), key=lambda r: r["tokens_per_s"])
-        lines.append(f"  lookup {lookup}, best tree n={r['total_token']} depth {r['depth']}: "
+    chains = [r for r in budget.grid if r.get("lookup")]
+    if chains:
+        r = max(chains, key=lambda r: r["tokens_per_s"])
+        lines.append(f"  best with a lookup chain: n={r['total_token']} depth {r['depth']} lookup {r['lookup']} "
                      f"τ={r['tau']:.2f} {r['tokens_per_s']:.0f}/s")
     return "\n".join(lines)
