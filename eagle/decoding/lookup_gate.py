@@ -22,6 +22,8 @@ from collections import deque
 
 import torch
 
+from eagle.decoding.prompt_lookup import matched_length
+
 WINDOW = 16  # resolved steps the decision looks back over
 FIRST = 4  # steps decoded with the chain before the first decision
 
@@ -54,7 +56,7 @@ class LookupGate:
         while self.pending:
             m, chain, a = self.pending[0]
             known = ids[m: m + chain.numel()]
-            c = int((chain[: known.numel()] == known).long().cumprod(0).sum())
+            c = matched_length(chain, known)
             if c == known.numel() < chain.numel():
                 break  # matching so far: the tokens that tell how far are not decoded yet
             self.seen.append((a, c))

@@ -31,6 +31,11 @@ def lookup_chain(ids: torch.Tensor, length: int, max_ngram: int = 3) -> torch.Te
     return ids[:0]
 
 
+def matched_length(chain: torch.Tensor, truth: torch.Tensor) -> int:
+    """How many leading tokens of chain [k] equal the tokens truth [t] that really followed (t may be < k)."""
+    return int((chain[: truth.numel()] == truth).long().cumprod(0).sum())
+
+
 def merge_chain(tokens: torch.Tensor, parents: torch.Tensor, chain: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Add a chain below the root (node 0) of a tree given as tokens [N] / parents [N].
 

@@ -94,7 +94,8 @@ def add_arguments(parser: argparse.ArgumentParser, **defaults) -> None:
     g.add_argument("--draft-vocab", type=int, default=d["draft_vocab"],
                    help="propose only the N most frequent tokens of the head's vocabulary "
                         "(EAGLE-1/2: beyond it, the target's other tokens; the target's vocabulary size: all)")
-    g.add_argument("--lookup", type=int, default=d["lookup"], help="a prompt-lookup chain of N tokens merged into each tree; with --total-token auto, "
+    g.add_argument("--lookup", type=int, default=d["lookup"],
+                   help="a prompt-lookup chain of N tokens merged into each tree; with --total-token auto, "
                         "at most N, its length tuned and merged where it pays (0 = off)")
 
 

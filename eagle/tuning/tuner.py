@@ -61,7 +61,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from eagle.decoding.prompt_lookup import lookup_chain
+from eagle.decoding.prompt_lookup import lookup_chain, matched_length
 from eagle.decoding.tree_drafter import draft_width
 from eagle.targets.tokenizer import chat_prompt
 from eagle.decoding.tree import Tree, build_tree, reindex_parents, select_nodes
@@ -128,11 +128,12 @@ def _same_tree(a: dict, b: dict) -> bool:
 
 
 def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, depths=DEPTHS,
-              steps_per_prompt: int = 16, repeats: int = 5, max_lookup: int = LOOKUP_LIMIT,
+              steps_per_prompt: int = 16, repeats: int = 5,
               pause: Callable[[], None] | None = None) -> TreeBudget:
-    """Measure acceptance and cost on this device; return the fastest (total_token, depth, lookup)
-    with a chain of at most max_lookup tokens, where total_token=1, lookup=0 is plain decoding.
-    pause: called before each timed part (a calibration step, a round of forwards)."""
+    """Measure acceptance and cost on this device; return the fastest (total_token, depth, lookup),
+    where total_token=1, lookup=0 is plain decoding (a model with a shorter `lookup` picks again from
+    the grid: `TreeBudget.picked`). pause: called before each timed part (a calibration step, a round
+    of forwards)."""
     pause = pause or (lambda: None)
     prompts = prompts if prompts is not None else calibration_prompts(model)
     sizes, depths = sorted(sizes), sorted(depths)
@@ -160,7 +161,7 @@ def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, dep
     budget = TreeBudget(0, 0, 0.0, [], verify_ms, draft_ms, max(0.0, statistics.median(rest) * 1e3), plain_ms,
                         accepted, lookup_ms=statistics.median(lookup_s) * 1e3, copied=copied)
     budget.grid = _grid(budget, {(n, d): draft_ms[(width[n], d)] for n in sizes for d in depths}, depths[0])
-    return budget.picked(max_lookup)
+    return budget.picked()
 
 
 def _grid(b: TreeBudget, draft: dict[tuple[int, int], float], first_depth: int) -> list[dict]:
@@ -175,8 +176,8 @@ def _grid(b: TreeBudget, draft: dict[tuple[int, int], float], first_depth: int) 
     grid = [row(n, d, lookup, lengths, draft[(n, d)] + verify_cost(b.verify_ms, n + lookup))
             for (n, d), lengths in b.accepted.items() for lookup in chain_lengths(n, b.verify_ms)]
     alone = [1] * len(b.copied)  # prompt lookup without drafting: the root, and the chain
-    grid += [row(1, first_depth, lookup, alone, verify_cost(b.verify_ms, 1 + lookup)) for lookup in chain_lengths(1, b.verify_ms)
-             if lookup]
+    grid += [row(1, first_depth, lookup, alone, verify_cost(b.verify_ms, 1 + lookup))
+             for lookup in chain_lengths(1, b.verify_ms) if lookup]
     grid.append({"total_token": 1, "depth": first_depth, "lookup": 0, "tau": 1.0, "ms_per_step": b.plain_ms,
                  "tokens_per_s": 1e3 / b.plain_ms})
     return grid
@@ -201,8 +202,7 @@ def _copied_lengths(ids: torch.Tensor, contexts: list[int], copied: list[int], s
         start = time.perf_counter()
         chain = lookup_chain(ids[:m], LOOKUP_LIMIT)
         seconds.append(time.perf_counter() - start)
-        truth = ids[m: m + chain.numel()]
-        copied.append(int((chain[: truth.numel()] == truth).long().cumprod(0).sum()))
+        copied.append(matched_length(chain, ids[m: m + chain.numel()]))
 
 
 def choose(grid: list[dict], tolerance: float = TOLERANCE, max_lookup: int = LOOKUP_LIMIT) -> dict:
