@@ -67,6 +67,7 @@ class DataConfig:
     reuse: list[str] = field(default_factory=list)
     regenerate: bool = False
     regen: RegenConfig = field(default_factory=RegenConfig)
+    mask_repeats: int | None = None  # n: reply tokens repeating an earlier n-gram leave the loss (data_prep/repeats.py)
     plan_conversations: int | None = None
     plan_tokens_per_conversation: int = 1300
 
@@ -110,6 +111,8 @@ def prep_config(cfg: DictConfig | PrepConfig) -> PrepConfig:
         raise ConfigError("store_dir is not set")
     if data.shard_records < 1 or data.batch_tokens < 1:
         raise ConfigError("data.shard_records and data.batch_tokens must be >= 1")
+    if data.mask_repeats is not None and data.mask_repeats < 1:
+        raise ConfigError(f"data.mask_repeats={data.mask_repeats}: expected an n-gram length >= 1, or null (off)")
     if model.max_len < 2:
         raise ConfigError(f"model.max_len={model.max_len}: expected at least 2 tokens")
     return PrepConfig(model, data, Path(top.pop("store_dir")).expanduser(), **top)

@@ -35,7 +35,7 @@ from data_prep.data_config import PrepConfig, TargetFiles, prep_config, resolve
 from data_prep.target_forward import compute_records
 from eagle.common.locks import exclusive
 from data_prep.plan import check_fits, store_plan
-from data_prep.reuse import Donors, link_shard
+from data_prep.reuse import Donors, reuse_shard
 from data_prep.shard_writer import ShardWriter
 from data_prep.stale_files import remove_stale
 from data_prep.store import (
@@ -136,6 +136,8 @@ def config_key(prep: PrepConfig) -> str:
     }
     if d.offset:  # only when set, so the keys of stores read from record 0 stay as they were
         parts["offset"] = d.offset
+    if d.mask_repeats is not None:  # likewise
+        parts["mask_repeats"] = d.mask_repeats
     return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -217,10 +219,10 @@ def _run_shards(prep: PrepConfig, job: Job, model, n_shards: int, key: str) -> d
     with ShardWriter(written, background=BACKGROUND_WRITES) as writer:
         for k in todo:
             chunk = job.conversations[k * R:(k + 1) * R]
-            tokenized, skipped = tokenize_chunk(job.tokenizer, chunk, m.max_len)
+            tokenized, skipped = tokenize_chunk(job.tokenizer, chunk, m.max_len, d.mask_repeats)
             donor = donors.find(tokenized, skipped)
             if donor is not None:
-                written(k, link_shard(donor, job.out / shard_name(k)))
+                written(k, reuse_shard(donor, job.out / shard_name(k), tokenized))
                 reused += 1
                 bar.update(len(chunk))
                 continue

@@ -9,6 +9,7 @@ conf/config.yaml calls `register_resolvers()` before Hydra does:
     ${eagle3_layers:${model.num_layers}}   -> [2, N//2, N-3, -1]
     ${layers_tag:${model.feature_layers}}  -> "" for [-1], else "-layers2_15_27_-1"
     ${offset_tag:${data.offset}}           -> "" for 0, else "-from4096" (records passed over)
+    ${repeats_tag:${data.mask_repeats}}    -> "" for null, else "-repeats8" (loops out of the loss)
     ${by_head:{eagle2: 5.0e-4, eagle3: 1.0e-3}}  -> the value for train.head (a model preset's
                                                     recipe tuned per head, which the head's own
                                                     defaults cannot override: presets come later)
@@ -41,6 +42,11 @@ def offset_tag(offset) -> str:
     return f"-from{int(offset)}" if offset else ""
 
 
+def repeats_tag(n) -> str:
+    """Suffix of the store directory: none when every reply token counts, "-repeatsN" under data.mask_repeats=N."""
+    return "" if n is None else f"-repeats{int(n)}"
+
+
 def by_head(values, *, _root_) -> object:
     """The entry of `values` (head -> value) for the run's train.head."""
     head = _root_.train.head
@@ -54,4 +60,5 @@ def register_resolvers() -> None:
     OmegaConf.register_new_resolver("eagle3_layers", eagle3_layers, replace=True)
     OmegaConf.register_new_resolver("layers_tag", layers_tag, replace=True)
     OmegaConf.register_new_resolver("offset_tag", offset_tag, replace=True)
+    OmegaConf.register_new_resolver("repeats_tag", repeats_tag, replace=True)
     OmegaConf.register_new_resolver("by_head", by_head, replace=True)

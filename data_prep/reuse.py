@@ -5,9 +5,11 @@ model, dtype, stored layers, max_len, chat template and batch budget. When a new
 sources begin with the conversations of an older store (the same regenerated chats, then
 new files), its first shards hold the very same records, and recomputing them is a full
 target forward for nothing. Before computing shard k the pipeline asks `Donors.find` for
-a donor shard with the same token ids, loss masks and skip counts; if there is one, the
-file is hard-linked (or copied) into the new store, and its entry in the donor's manifest
-(hash included) becomes the new shard's: the linked bytes are not hashed again.
+a donor shard with the same token ids and skip counts. When its loss masks are the same too,
+the file is hard-linked (or copied) into the new store, and its entry in the donor's manifest
+(hash included) becomes the new shard's: the linked bytes are not hashed again. When only the
+masks differ (a store of the same chats with `data.mask_repeats`), the donor's features are
+written again with the new masks: a copy, not a forward.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import NamedTuple
 import torch
 from safetensors import safe_open
 
+from data_prep.shard_file import write_safetensors
 from data_prep.store import read_manifest, shard_entry, tmp_path
 
 log = logging.getLogger("data_prep")
@@ -33,49 +36,67 @@ log = logging.getLogger("data_prep")
 _SAME_TARGET = ("resolved_path", "dtype", "feature_layers", "max_len", "hidden_size")
 
 
-def fingerprint(ids: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor, skipped: dict) -> str:
-    """Hash of a shard's records: ids [N] int32, mask [N] uint8, lengths [R] int64, skip counts."""
-    h = hashlib.sha256()
-    for t in (lengths.to(torch.int64), ids.to(torch.int32), mask.to(torch.uint8)):
-        h.update(t.contiguous().numpy().tobytes())
-    h.update(json.dumps(dict(sorted(skipped.items()))).encode())
-    return h.hexdigest()
+class Fingerprint(NamedTuple):
+    """Hashes of a shard's records: of their tokens and skip counts, and of their loss masks."""
+
+    tokens: str
+    mask: str
+
+    @classmethod
+    def of(cls, ids: torch.Tensor, mask: torch.Tensor, lengths: torch.Tensor, skipped: dict) -> Fingerprint:
+        """ids [N] int32, mask [N] uint8, lengths [R] int64 (tokens per record), skip counts."""
+        h = hashlib.sha256()
+        for t in (lengths.to(torch.int64), ids.to(torch.int32)):
+            h.update(t.contiguous().numpy().tobytes())
+        h.update(json.dumps(dict(sorted(skipped.items()))).encode())
+        return cls(h.hexdigest(), _mask_hash(mask))
 
 
-def tokenized_fingerprint(tokenized: list[tuple[list[int], list[int]]], skipped: Counter) -> str:
+def _mask_hash(mask: torch.Tensor) -> str:
+    return hashlib.sha256(mask.to(torch.uint8).contiguous().numpy().tobytes()).hexdigest()
+
+
+def tokenized_fingerprint(tokenized: list[tuple[list[int], list[int]]], skipped: Counter) -> Fingerprint:
     """The fingerprint of the shard these tokenized records would become."""
+    return Fingerprint.of(*_flat(tokenized), dict(skipped))
+
+
+def _flat(tokenized: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """ids [N] int32, mask [N] uint8 and lengths [R] int64 of tokenized records."""
     ids = torch.tensor([i for t, _ in tokenized for i in t], dtype=torch.int32)
     mask = torch.tensor([m for _, ms in tokenized for m in ms], dtype=torch.uint8)
     lengths = torch.tensor([len(t) for t, _ in tokenized], dtype=torch.int64)
-    return fingerprint(ids, mask, lengths, dict(skipped))
+    return ids, mask, lengths
 
 
-def file_fingerprint(path: Path) -> str:
+def file_fingerprint(path: Path) -> Fingerprint:
     with safe_open(str(path), framework="pt") as f:
         offsets = f.get_tensor("offsets")
         skipped = json.loads((f.metadata() or {}).get("skipped", "{}"))
-        return fingerprint(f.get_tensor("input_ids"), f.get_tensor("loss_mask"), offsets[1:] - offsets[:-1], skipped)
+        return Fingerprint.of(f.get_tensor("input_ids"), f.get_tensor("loss_mask"), offsets[1:] - offsets[:-1], skipped)
 
 
 _ENTRY_KEYS = {"file", "skipped", "records", "tokens", "loss_tokens", "sha256"}  # a whole manifest entry
 
 
 class Donor(NamedTuple):
-    """A finished shard of another store and its entry in that store's manifest."""
+    """A finished shard of another store, its entry in that store's manifest and its fingerprint."""
 
     path: Path
     entry: dict
+    fingerprint: Fingerprint
 
 
 class Donors:
     """Shards of other complete stores, by fingerprint, that may stand in for new ones."""
 
     def __init__(self, dirs, target: dict, template_sha: str, batch_tokens: int):
-        self.shards: dict[str, Donor] = {}
+        self.shards: dict[str, Donor] = {}  # by the hash of their tokens; the first store listed wins
         for d in map(Path, dirs):
             if self._usable(d, target, template_sha, batch_tokens):
                 for entry in read_manifest(d)["shards"]:
-                    self.shards.setdefault(file_fingerprint(d / entry["file"]), Donor(d / entry["file"], entry))
+                    fp = file_fingerprint(d / entry["file"])
+                    self.shards.setdefault(fp.tokens, Donor(d / entry["file"], entry, fp))
 
     @staticmethod
     def _usable(d: Path, target: dict, template_sha: str, batch_tokens: int) -> bool:
@@ -97,9 +118,39 @@ class Donors:
         return True
 
     def find(self, tokenized: list[tuple[list[int], list[int]]], skipped: Counter) -> Donor | None:
+        """A donor shard of the same token ids and skip counts, whatever its loss masks."""
         if not self.shards:
             return None
-        return self.shards.get(tokenized_fingerprint(tokenized, skipped))
+        return self.shards.get(tokenized_fingerprint(tokenized, skipped).tokens)
+
+
+def reuse_shard(donor: Donor, dst: Path, tokenized: list[tuple[list[int], list[int]]]) -> dict:
+    """Put the donor's features at `dst` with the loss masks of `tokenized` (the donor's own
+    records, maybe masked otherwise); return the new shard's manifest entry."""
+    mask = _flat(tokenized)[1]  # [N] uint8
+    if _mask_hash(mask) == donor.fingerprint.mask:
+        return link_shard(donor, dst)
+    return remask_shard(donor, dst, mask)
+
+
+def remask_shard(donor: Donor, dst: Path, mask: torch.Tensor) -> dict:
+    """Write the donor's shard at `dst` with `mask` [N] uint8 as its loss_mask, atomically."""
+    with safe_open(str(donor.path), framework="pt") as f:
+        tensors = {name: f.get_tensor(name) for name in f.keys()}
+        metadata = f.metadata() or {}
+    if mask.shape != tensors["loss_mask"].shape:
+        raise ValueError(f"{donor.path}: {tensors['loss_mask'].numel()} tokens, but the new masks cover {mask.numel()}")
+    tensors["loss_mask"] = mask.to(tensors["loss_mask"].dtype)
+    tmp = tmp_path(dst)
+    try:
+        digest = write_safetensors(tmp, tensors, metadata)
+        os.replace(tmp, dst)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    offsets = tensors["offsets"]
+    return {"file": dst.name, "skipped": json.loads(metadata.get("skipped", "{}")), "records": len(offsets) - 1,
+            "tokens": int(offsets[-1]), "loss_tokens": int(mask.sum()), "sha256": digest}
 
 
 def link_shard(donor: Donor, dst: Path) -> dict:

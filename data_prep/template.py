@@ -17,6 +17,8 @@ import hashlib
 from collections import Counter
 from dataclasses import dataclass
 
+from data_prep import repeats
+
 
 class TemplateError(ValueError):
     """The template re-renders earlier turns differently (its output is not prefix-stable)."""
@@ -71,9 +73,12 @@ def tokenize_conversation(tokenizer, messages: list[dict], max_len: int) -> Toke
     return Tokenized(input_ids=list(ids), loss_mask=mask)
 
 
-def tokenize_chunk(tokenizer, chunk, max_len: int) -> tuple[list[tuple[list[int], list[int]]], Counter]:
+def tokenize_chunk(tokenizer, chunk, max_len: int, mask_repeats: int | None = None
+                   ) -> tuple[list[tuple[list[int], list[int]]], Counter]:
     """(input_ids, loss_mask) of each usable conversation of `chunk`, in order, and why the others were
-    skipped: what data_prep stores and what online training reads (data_prep/tokens.py)."""
+    skipped: what data_prep stores and what online training reads (data_prep/tokens.py).
+    `mask_repeats`: n, to take the reply tokens that repeat an earlier n-gram out of the loss
+    (data_prep/repeats.py); None keeps every reply token."""
     out, skipped = [], Counter()
     for conv in chunk:
         try:
@@ -84,5 +89,6 @@ def tokenize_chunk(tokenizer, chunk, max_len: int) -> tuple[list[tuple[list[int]
         if not any(t.loss_mask):
             skipped["no assistant tokens within max_len"] += 1
             continue
-        out.append((t.input_ids, t.loss_mask))
+        mask = t.loss_mask if mask_repeats is None else repeats.mask_repeats(t.input_ids, t.loss_mask, mask_repeats)
+        out.append((t.input_ids, mask))
     return out, skipped

@@ -91,7 +91,7 @@ def token_records(prep: PrepConfig, target: TargetFiles) -> TokenRecords:
     mine = {}
     for k in range(rank, n_slices, world):
         tokenized, skipped = tokenize_chunk(job.tokenizer, job.conversations[k * size:(k + 1) * size],
-                                            prep.model.max_len)
+                                            prep.model.max_len, prep.data.mask_repeats)
         mine[k] = (Packed.of(tokenized), skipped)  # flat tensors: Python int lists would cost ~36 bytes a token
     slices = distributed.merged(mine)
     records = [r for k in range(n_slices) for r in slices[k][0].records()]

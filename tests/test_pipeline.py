@@ -144,6 +144,23 @@ def test_a_store_that_extends_another_reuses_its_whole_shards(tiny_dir, chats, t
     assert (tmp_path / "reused" / "shard-00000.safetensors").stat().st_ino == (old / "shard-00000.safetensors").stat().st_ino
 
 
+def test_a_store_with_loops_masked_takes_its_features_from_the_unmasked_store(tiny_dir, chats, tmp_path, monkeypatch):
+    """data.mask_repeats changes the masks, not the features: a store of the same chats gives them."""
+    old = pipeline.prepare(config(tiny_dir, chats, tmp_path / "old"))
+    monkeypatch.setattr(pipeline, "compute_records", lambda *a: pytest.fail("a target forward for reused features"))
+    new = pipeline.prepare(config(tiny_dir, chats, tmp_path / "new", **{"data.mask_repeats": 4, "data.reuse": f"[{old}]"}))
+    a, b = FeatureStore(old), FeatureStore(new)
+    assert b.manifest["throughput"]["reused_shards"] == len(b.manifest["shards"])
+    assert b.manifest["loss_tokens"] < a.manifest["loss_tokens"]  # the replies "i plus i is 2i. " * k repeat
+    for i in range(len(a)):
+        ra, rb = a[i], b[i]
+        assert torch.equal(ra.input_ids, rb.input_ids) and torch.equal(ra.hidden_states, rb.hidden_states)
+        assert not (rb.loss_mask.bool() & ~ra.loss_mask.bool()).any()  # a subset of the reply tokens
+    assert [s["sha256"] for s in b.manifest["shards"]] == [store.shard_entry(new / s["file"])["sha256"] for s in b.manifest["shards"]]
+    assert pipeline.config_key(prep_config(config(tiny_dir, chats, tmp_path / "x", **{"data.mask_repeats": 4}))) != \
+        pipeline.config_key(prep_config(config(tiny_dir, chats, tmp_path / "x")))
+
+
 def test_a_store_for_another_target_or_unfinished_is_not_reused(tiny_dir, chats, tmp_path, caplog):
     old = pipeline.prepare(config(tiny_dir, chats, tmp_path / "old", **{"data.limit": 8}))
     with caplog.at_level("WARNING", logger="data_prep"):
