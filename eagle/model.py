@@ -44,7 +44,7 @@ from torch.profiler import record_function
 
 from eagle.common import progress
 from eagle.tuning import budget_cache
-from eagle.tuning.tuner import DEPTHS, SIZES, TOLERANCE, TreeBudget, describe, tune_tree
+from eagle.tuning.tuner import DEPTHS, SIZES, TreeBudget, describe, tune_tree
 from eagle.tuning.warmup import Warmup, adopt, generation, prepare_in_background
 from eagle.heads.checkpoint import Head, check_head_fits, load_head
 from eagle.compiled.head_graphs import CompiledHead
@@ -52,7 +52,6 @@ from eagle.compiled.target_graphs import CompiledTarget, compilable, wanted
 from eagle.decoding.tree_drafter import Drafter
 from eagle.heads.feature_layers import target_feature_layers
 from eagle.decoding.eager_target import EagerTarget
-from eagle.decoding.lookup_gate import LookupGate
 from eagle.decoding.prompt_lookup import lookup_chain, merge_chain
 from eagle.decoding.plain_step import PlainStep
 from eagle.decoding.runners import TargetRunner
@@ -268,13 +267,6 @@ class EaModel(nn.Module):
         return self.generate(input_ids, temperature, top_p, top_k, max_new_tokens, max_length, stream=True,
                              method="naive")
 
-    def _lookup_gate(self) -> LookupGate | None:
-        """A tuned model's chain is merged only while it pays in this generation (LookupGate), unless the
-        tuner found it as cheap as no chain (within TOLERANCE: toggling between two verify graphs then
-        costs more than it saves); a chain set by hand always is."""
-        extra = self.tuning.chain_cost() if self.tuning is not None and self.settings.lookup else None
-        return None if extra is None or extra < TOLERANCE else LookupGate(extra)
-
     @property
     def plain_decoding(self) -> bool:
         """A one-node dynamic tree without lookup drafts nothing: eagenerate decodes by plain steps
@@ -302,13 +294,9 @@ class EaModel(nn.Module):
         state, first = self.prefill(input_ids, params)
         stats.prefill_seconds = time.perf_counter() - start
         yield self._emit(stats, budget, first, start)
-        gate = self._lookup_gate()
         while not budget.done:
             with record_function("eagle.step"):
-                state, new = self.step(state, self.draft(state, gate), params)
-                if gate is not None:
-                    gate.record(state.ids[0], new)
-                    stats.chain_steps = gate.steps_with_chain
+                state, new = self.step(state, self.draft(state), params)
             stats.steps += 1
             stats.accept_lengths.append(new.numel())
             yield self._emit(stats, budget, new, start)
@@ -339,9 +327,8 @@ class EaModel(nn.Module):
         hidden, head_past = self.drafter.prefill(features, ids[0, 1:])
         return DecodeState(ids, cache, head_past, hidden[-1:]), root
 
-    def draft(self, state: DecodeState, gate: LookupGate | None = None) -> Tree:
-        """1. The head's tree (dynamic or static, per `settings`), plus the prompt-lookup chain, while `gate`
-        (when given) says it pays."""
+    def draft(self, state: DecodeState) -> Tree:
+        """1. The head's tree (dynamic or static, per `settings`), plus the prompt-lookup chain when one is found."""
         s = self.settings
         with record_function("eagle.draft"):
             if self.static is None:
@@ -351,7 +338,7 @@ class EaModel(nn.Module):
             with record_function("eagle.draft.tree"):
                 if s.lookup:
                     chain = lookup_chain(state.ids[0], s.lookup)
-                    if gate.use(state.ids.shape[1], chain, tokens, parents) if gate else chain.numel():
+                    if chain.numel():
                         tokens, parents = merge_chain(tokens, parents, chain)
                 return build_tree(tokens, parents)
 

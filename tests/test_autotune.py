@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from eagle.tuning.tuner import choose, fastest_ms, monotone_costs
+from eagle.tuning.tuner import TreeBudget, choose, fastest_ms, monotone_costs
 
 
 def test_monotone_costs_keep_rising_costs_and_a_kink():
@@ -50,3 +50,18 @@ def test_choose_takes_the_cheapest_of_the_nearly_fastest():
     ]
     assert choose(grid)["total_token"] == 8  # within 3 % of the best: timings cannot tell them apart
     assert choose(grid, tolerance=0.0)["total_token"] == 32
+
+
+def test_a_tree_picked_without_a_chain_gets_the_chain_that_suits_it():
+    grid = [{"total_token": 1, "depth": 1, "lookup": 0, "tau": 1.0, "ms_per_step": 20.0, "tokens_per_s": 50.0},
+            {"total_token": 8, "depth": 2, "lookup": 0, "tau": 2.0, "ms_per_step": 25.0, "tokens_per_s": 80.0},
+            {"total_token": 8, "depth": 2, "lookup": 8, "tau": 2.1, "ms_per_step": 30.0, "tokens_per_s": 70.0},
+            {"total_token": 4, "depth": 2, "lookup": 4, "tau": 1.9, "ms_per_step": 27.0, "tokens_per_s": 70.4}]
+    budget = TreeBudget(0, 0, 0.0, grid)
+    assert (budget.picked(10).total_token, budget.picked(10).lookup) == (8, 8)
+    assert budget.picked(0).lookup == 0
+    assert budget.picked(4).lookup == 0  # no chain of at most 4 tokens was timed for the 8-node tree
+    grid.append({"total_token": 8, "depth": 2, "lookup": 6, "tau": 2.1, "ms_per_step": 30.0, "tokens_per_s": 70.0})
+    assert budget.picked(10).lookup == 8  # of chains that score alike, the longest
+    grid[1:3] = [{**grid[2], "tokens_per_s": 90.0}, {**grid[2], "lookup": 4, "tokens_per_s": 90.0}]
+    assert budget.picked(10).lookup == 8 and budget.picked(5).lookup == 4

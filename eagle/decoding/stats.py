@@ -23,7 +23,6 @@ class GenerationStats:
     accept_lengths: list[int] = field(default_factory=list)  # drafts accepted + 1 (bonus)
     prefill_seconds: float = 0.0
     seconds: float = 0.0
-    chain_steps: int = 0  # steps a LookupGate merged the prompt-lookup chain into (0 without a gate)
 
     @property
     def tau(self) -> float:

@@ -103,8 +103,8 @@ class TreeBudget:
     def picked(self, max_lookup: int = LOOKUP_LIMIT) -> "TreeBudget":
         """The same measurements, choosing among the rows whose chain has at most max_lookup tokens. A tree
         picked without a chain gets the chain of up to max_lookup tokens that suits it best (the longest
-        of equals): the decoder merges it only while it pays in a generation (eagle/decoding/lookup_gate.py),
-        and prompts copy more or less than the calibration prompts do."""
+        of equals): prompts copy more than the calibration prompts do, and where no chain is found, none
+        is merged."""
         best = choose(self.grid, max_lookup=max_lookup)
         lookup = best.get("lookup", 0)
         if best["total_token"] > 1 and not lookup and max_lookup:
@@ -112,15 +112,6 @@ class TreeBudget:
             lookup = max(chains, key=lambda r: (r["tokens_per_s"], r["lookup"]))["lookup"] if chains else 0
         return replace(self, total_token=best["total_token"], depth=best["depth"], lookup=lookup,
                        tokens_per_second=best["tokens_per_s"])
-
-    def chain_cost(self) -> float | None:
-        """How much more a step of the picked tree costs with its chain than without (0.2 = 20 %), from the
-        grid; None without a chain or without those rows."""
-        rows = {r.get("lookup", 0): r["ms_per_step"] for r in self.grid
-                if (r["total_token"], r["depth"]) == (self.total_token, self.depth)}
-        if not self.lookup or self.lookup not in rows or 0 not in rows:
-            return None
-        return rows[self.lookup] / rows[0] - 1
 
 
 def _same_tree(a: dict, b: dict) -> bool:
