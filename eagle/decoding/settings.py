@@ -10,8 +10,9 @@ when a model is built (`EaModel.from_pretrained` / `EaModel.from_modules` time t
 once, eagle/tuning/tuner.py, and reuse the pick on later loads, eagle/tuning/budget_cache.py),
 with a prompt-lookup chain of up to 10 tokens (`lookup=10`; `lookup=0` turns it off): the tuner
 measures what a chain of each length adds and costs on its calibration prompts and picks the
-length with the tree, 0 and plain decoding included, so the chain is on only where it pays. With a
-fixed `total_token`, the chain is `lookup` tokens. A step without a match verifies the tree alone.
+length with the tree, 0 and plain decoding included; a tree picked without a chain still gets its
+best one, since chats copy more than the calibration prompts do. With a fixed `total_token`, the
+chain is `lookup` tokens. A step without a match verifies the tree alone.
 An `EaModel` itself always holds numbers.
 """
 
@@ -96,7 +97,7 @@ def add_arguments(parser: argparse.ArgumentParser, **defaults) -> None:
                         "(EAGLE-1/2: beyond it, the target's other tokens; the target's vocabulary size: all)")
     g.add_argument("--lookup", type=int, default=d["lookup"],
                    help="a prompt-lookup chain of N tokens merged into each tree; with --total-token auto, "
-                        "at most N, its length tuned and merged where it pays (0 = off)")
+                        "at most N, its length tuned with the tree (0 = off)")
 
 
 def from_arguments(args: argparse.Namespace) -> TreeSettings:
