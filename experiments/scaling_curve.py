@@ -24,7 +24,7 @@ JUDGES = {"vllm_tau": "vLLM k=3", "chain3_tau": "ours, chain 3", "tree_tau": "ou
 @dataclass
 class Point:
     trainer: str
-    data: str  # the store's data selection (its folder name before "-limit"), e.g. sharegpt_packaged
+    data: str  # the store's data selection (data_of), e.g. sharegpt_packaged, regen-c0-22-repeats8
     tokens: int
     steps: int
     scores: dict  # judge key -> τ (None: not judged by it)
@@ -36,9 +36,19 @@ class Point:
 
 
 def data_of(command: str) -> str:
-    """The data selection of a run's store, from its training command's store_dir=...; "?" without one."""
+    """The data selection of a run's store, from its training command's store_dir=...: the folder's name
+    before "-limit", plus "-repeatsN" when its loops left the loss (data.mask_repeats); "?" without one."""
     stores = [w.split("=", 1)[1] for w in command.split() if w.startswith("store_dir=")]
-    return Path(stores[0]).name.split("-limit")[0] if stores else "?"
+    if not stores:
+        return "?"
+    name = Path(stores[0]).name
+    repeats = [part for part in name.split("-") if part.startswith("repeats")]
+    return name.split("-limit")[0] + "".join(f"-{part}" for part in repeats)
+
+
+def from_scratch(command: str) -> bool:
+    """Did the run start from a fresh head (no train.init_head)? A fine-tune is not a point of the curve."""
+    return not any(w.startswith("train.init_head=") and w.split("=", 1)[1] not in ("", "null") for w in command.split())
 
 
 def points(out_dirs: list[Path]) -> list[Point]:
@@ -49,7 +59,7 @@ def points(out_dirs: list[Path]) -> list[Point]:
         for run_file in sorted(out.glob("runs/*/run.json")):
             run = json.loads(run_file.read_text())
             judged = [v for k, v in scores.items() if k.split("|")[0] == run["trainer"]]
-            if judged:
+            if judged and from_scratch(run.get("command", "")):
                 found.append(Point(run["trainer"], data_of(run.get("command", "")), int(run["tokens"]),
                                    int(run["recipe"]["steps"]), {k: judged[0].get(k) for k in JUDGES}, out))
     return sorted(found, key=lambda p: (p.line, p.tokens))

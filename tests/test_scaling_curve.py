@@ -9,10 +9,11 @@ import pytest
 from experiments import scaling_curve
 
 
-def parity_out(folder, trainer: str, tokens: int, steps: int, scores: dict | None, data: str = "sharegpt_packaged"):
+def parity_out(folder, trainer: str, tokens: int, steps: int, scores: dict | None, data: str = "sharegpt_packaged-limit2100",
+               more: str = ""):
     run = folder / "runs" / trainer.replace("@", "-") / "run.json"
     run.parent.mkdir(parents=True)
-    command = f"-m train head=eagle3 store_dir=/stores/t/{data}-limit2100-regenFalse-len1024 output_dir=x"
+    command = f"-m train head=eagle3 store_dir=/stores/t/{data}-regenFalse-len1024 output_dir=x {more}"
     run.write_text(json.dumps({"trainer": trainer, "tokens": tokens, "recipe": {"steps": steps}, "command": command}))
     if scores is not None:
         (folder / "scores.json").write_text(json.dumps({f"{trainer}|mtbench-24x128-bfloat16": scores}))
@@ -24,10 +25,15 @@ def test_each_judged_run_is_a_point_in_token_order(tmp_path):
     parity_out(tmp_path / "half", "ours-eagle3@ref", 750_000, 190, {"chain3_tau": 1.40, "tree_tau": 1.90,
                                                                       "vllm_skipped": "no vLLM here"})
     parity_out(tmp_path / "unjudged", "ours-eagle3@ref", 375_000, 95, None)
-    parity_out(tmp_path / "regen", "ours-eagle3@ref", 1_500_000, 379, {"tree_tau": 2.3}, data="regen-c0-22")
-    found = scaling_curve.points([tmp_path / "full", tmp_path / "half", tmp_path / "unjudged", tmp_path / "regen"])
+    parity_out(tmp_path / "regen", "ours-eagle3@ref", 1_500_000, 379, {"tree_tau": 2.3}, data="regen-c0-22-limit2048")
+    parity_out(tmp_path / "masked", "ours-eagle3@ref", 1_500_000, 379, {"tree_tau": 2.4},
+               data="regen-c0-22-limit2048-repeats8")
+    parity_out(tmp_path / "tuned", "ours-eagle3@ref", 1_500_000, 379, {"tree_tau": 2.5},
+               data="regen-c0-22-limit2048-repeats8", more="train.init_head=/heads/sharegpt")  # a fine-tune: no point
+    found = scaling_curve.points([tmp_path / d for d in ("full", "half", "unjudged", "regen", "masked", "tuned")])
     assert [(p.data, p.tokens, p.scores["vllm_tau"]) for p in found] == [
-        ("regen-c0-22", 1_500_000, None), ("sharegpt_packaged", 750_000, None), ("sharegpt_packaged", 1_500_000, 1.46)]
+        ("regen-c0-22", 1_500_000, None), ("regen-c0-22-repeats8", 1_500_000, None),
+        ("sharegpt_packaged", 750_000, None), ("sharegpt_packaged", 1_500_000, 1.46)]
     md = scaling_curve.table(found)
     assert "| ours-eagle3@ref | sharegpt_packaged | 750,000 | 190 | — | 1.40 | 1.90 |" in md
     scaling_curve.plot(found, tmp_path / "curve.png")
