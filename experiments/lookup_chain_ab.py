@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import replace
 
 from eagle.decoding.settings import TreeSettings
 from eagle.heads.checkpoint import load_head
@@ -25,11 +24,10 @@ from experiments.diagnostic_prompts import first_turn_ids, parser, setup
 VARIANTS = ("head", "chain", "chain-10")
 
 
-def decode(model: EaModel, tuned, variant: str, ids, max_new_tokens: int) -> tuple[float, float, list]:
-    """tok/s, τ and the new tokens of one variant on one prompt."""
-    n, d, lookup = tuned.settings.total_token, tuned.settings.depth, tuned.settings.lookup
-    chain = {"head": 0, "chain": lookup, "chain-10": 10}[variant]
-    model.settings = tuned.settings.tuned(n, d, chain)
+def decode(model: EaModel, tuned: TreeSettings, variant: str, ids, max_new_tokens: int) -> tuple[float, float, list]:
+    """tok/s, τ and the new tokens of one variant of the tuned settings on one prompt."""
+    chain = {"head": 0, "chain": tuned.lookup, "chain-10": 10}[variant]
+    model.settings = tuned.tuned(tuned.total_token, tuned.depth, chain)
     start = time.perf_counter()
     out = model.eagenerate(ids, max_new_tokens=max_new_tokens)
     seconds = time.perf_counter() - start
@@ -46,8 +44,8 @@ def main(argv: list[str] | None = None) -> dict:
     model = EaModel.from_modules(target, load_head(args.head, dtype=target.dtype), tok, TreeSettings(lookup=10))
     model.wait_ready()
     model.compile_ahead = False  # every shape compiles in the untimed round below
-    tuned = type("Tuned", (), {"settings": model.settings})
-    print(f"tuned: {model.settings.describe()}", flush=True)
+    tuned = model.settings
+    print(f"tuned: {tuned.describe()}", flush=True)
     results = {}
     for name, questions in sets.items():
         prompts = [first_turn_ids(tok, q) for q in questions]
