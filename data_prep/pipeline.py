@@ -35,7 +35,7 @@ from data_prep.data_config import PrepConfig, TargetFiles, prep_config, resolve
 from data_prep.target_forward import compute_records
 from eagle.common.locks import exclusive
 from data_prep.plan import check_fits, store_plan
-from data_prep.reuse import Donors, reuse_shard
+from data_prep.reuse import Donors
 from data_prep.shard_writer import ShardWriter
 from data_prep.stale_files import remove_stale
 from data_prep.store import (
@@ -220,9 +220,9 @@ def _run_shards(prep: PrepConfig, job: Job, model, n_shards: int, key: str) -> d
         for k in todo:
             chunk = job.conversations[k * R:(k + 1) * R]
             tokenized, skipped = tokenize_chunk(job.tokenizer, chunk, m.max_len, d.mask_repeats)
-            donor = donors.find(tokenized, skipped)
-            if donor is not None:
-                written(k, reuse_shard(donor, job.out / shard_name(k), tokenized))
+            entry = donors.reuse(tokenized, skipped, job.out / shard_name(k))
+            if entry is not None:
+                written(k, entry)
                 reused += 1
                 bar.update(len(chunk))
                 continue

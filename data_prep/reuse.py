@@ -4,7 +4,7 @@ A shard's features depend only on its records' tokens and on how the target ran:
 model, dtype, stored layers, max_len, chat template and batch budget. When a new store's
 sources begin with the conversations of an older store (the same regenerated chats, then
 new files), its first shards hold the very same records, and recomputing them is a full
-target forward for nothing. Before computing shard k the pipeline asks `Donors.find` for
+target forward for nothing. Before computing shard k the pipeline asks `Donors.reuse` for
 a donor shard with the same token ids and skip counts. When its loss masks are the same too,
 the file is hard-linked (or copied) into the new store, and its entry in the donor's manifest
 (hash included) becomes the new shard's: the linked bytes are not hashed again. When only the
@@ -27,8 +27,7 @@ from typing import NamedTuple
 import torch
 from safetensors import safe_open
 
-from data_prep.shard_file import write_safetensors
-from data_prep.store import read_manifest, shard_entry, tmp_path
+from data_prep.store import read_manifest, shard_entry, tmp_path, write_shard_tensors
 
 log = logging.getLogger("data_prep")
 
@@ -49,16 +48,7 @@ class Fingerprint(NamedTuple):
         for t in (lengths.to(torch.int64), ids.to(torch.int32)):
             h.update(t.contiguous().numpy().tobytes())
         h.update(json.dumps(dict(sorted(skipped.items()))).encode())
-        return cls(h.hexdigest(), _mask_hash(mask))
-
-
-def _mask_hash(mask: torch.Tensor) -> str:
-    return hashlib.sha256(mask.to(torch.uint8).contiguous().numpy().tobytes()).hexdigest()
-
-
-def tokenized_fingerprint(tokenized: list[tuple[list[int], list[int]]], skipped: Counter) -> Fingerprint:
-    """The fingerprint of the shard these tokenized records would become."""
-    return Fingerprint.of(*_flat(tokenized), dict(skipped))
+        return cls(h.hexdigest(), hashlib.sha256(mask.to(torch.uint8).contiguous().numpy().tobytes()).hexdigest())
 
 
 def _flat(tokenized: list[tuple[list[int], list[int]]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -117,40 +107,29 @@ class Donors:
             log.info("data.reuse: %s does not record its batch budget; taken to be data.batch_tokens=%d", d, batch_tokens)
         return True
 
-    def find(self, tokenized: list[tuple[list[int], list[int]]], skipped: Counter) -> Donor | None:
-        """A donor shard of the same token ids and skip counts, whatever its loss masks."""
+    def reuse(self, tokenized: list[tuple[list[int], list[int]]], skipped: Counter, dst: Path) -> dict | None:
+        """Put a donor's shard of the same token ids and skip counts at `dst` (linked when its loss masks
+        are the same too, else written with those of `tokenized`); return the new shard's manifest entry,
+        or None when no donor holds these records."""
         if not self.shards:
             return None
-        return self.shards.get(tokenized_fingerprint(tokenized, skipped).tokens)
-
-
-def reuse_shard(donor: Donor, dst: Path, tokenized: list[tuple[list[int], list[int]]]) -> dict:
-    """Put the donor's features at `dst` with the loss masks of `tokenized` (the donor's own
-    records, maybe masked otherwise); return the new shard's manifest entry."""
-    mask = _flat(tokenized)[1]  # [N] uint8
-    if _mask_hash(mask) == donor.fingerprint.mask:
-        return link_shard(donor, dst)
-    return remask_shard(donor, dst, mask)
+        ids, mask, lengths = _flat(tokenized)
+        fp = Fingerprint.of(ids, mask, lengths, dict(skipped))
+        donor = self.shards.get(fp.tokens)
+        if donor is None:
+            return None
+        return link_shard(donor, dst) if fp.mask == donor.fingerprint.mask else remask_shard(donor, dst, mask)
 
 
 def remask_shard(donor: Donor, dst: Path, mask: torch.Tensor) -> dict:
     """Write the donor's shard at `dst` with `mask` [N] uint8 as its loss_mask, atomically."""
     with safe_open(str(donor.path), framework="pt") as f:
         tensors = {name: f.get_tensor(name) for name in f.keys()}
-        metadata = f.metadata() or {}
+        skipped = json.loads((f.metadata() or {}).get("skipped", "{}"))
     if mask.shape != tensors["loss_mask"].shape:
         raise ValueError(f"{donor.path}: {tensors['loss_mask'].numel()} tokens, but the new masks cover {mask.numel()}")
     tensors["loss_mask"] = mask.to(tensors["loss_mask"].dtype)
-    tmp = tmp_path(dst)
-    try:
-        digest = write_safetensors(tmp, tensors, metadata)
-        os.replace(tmp, dst)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    offsets = tensors["offsets"]
-    return {"file": dst.name, "skipped": json.loads(metadata.get("skipped", "{}")), "records": len(offsets) - 1,
-            "tokens": int(offsets[-1]), "loss_tokens": int(mask.sum()), "sha256": digest}
+    return write_shard_tensors(dst, tensors, skipped)
 
 
 def link_shard(donor: Donor, dst: Path) -> dict:

@@ -66,7 +66,12 @@ def write_shard(
     if not isinstance(shard, ShardBuffer):
         shard = ShardBuffer.of_records(shard, dtype)
     shard.wait()  # features copied from a GPU have landed
-    tensors = shard.tensors(hidden_size, dtype)
+    return write_shard_tensors(path, shard.tensors(hidden_size, dtype), skipped)
+
+
+def write_shard_tensors(path: Path, tensors: dict[str, torch.Tensor], skipped: dict[str, int] | None = None) -> dict:
+    """Write a shard's tensors (the store's names, contiguous, on the CPU) atomically, after checking
+    the disk has room; return its manifest entry, from the tensors and the hash of the bytes written."""
     skipped_json = json.dumps(skipped or {}, sort_keys=True)
     tmp = tmp_path(path)
     need = sum(t.numel() * t.element_size() for t in tensors.values())
@@ -79,12 +84,13 @@ def write_shard(
             raise OutOfSpace(_space_message(path, need)) from None
         raise
     os.replace(tmp, path)
+    offsets = tensors["offsets"]  # [N+1]
     return {
         "file": path.name,
         "skipped": json.loads(skipped_json),
-        "records": shard.records,
-        "tokens": shard.tokens,
-        "loss_tokens": int(shard.loss_mask.sum()),
+        "records": len(offsets) - 1,
+        "tokens": int(offsets[-1]),
+        "loss_tokens": int(tensors["loss_mask"].sum()),
         "sha256": digest,
     }
 
