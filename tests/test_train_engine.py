@@ -6,6 +6,7 @@ works) and the store holds its last hidden states over random token sequences.
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +18,7 @@ from safetensors.torch import load_file
 
 from eagle.common.distributed import free_port
 from data_prep.store import FeatureStore
-from eagle.heads.checkpoint import load_head, write_draft_vocab
+from eagle.heads.checkpoint import load_head, save_head, write_draft_vocab
 from eagle.heads.draft_vocab import ranked_ids
 from tests.tiny import (ROOT, clean_env, kill_once_checkpointed, lock_held_elsewhere, tiny_llama, tiny_target_and_store,
                         write_tiny_store)
@@ -109,7 +110,7 @@ def test_exported_head_reproduces_trained_module(tiny, tmp_path):
     trainer = Trainer(make_cfg(tiny, tmp_path, "train.max_steps=3", "wandb.mode=offline"))
     result = trainer.fit()
     head = load_head(result.head_dir, dtype=torch.bfloat16)
-    module = trainer.engine.module.eval()
+    module = copy.deepcopy(trainer.engine.module).eval().to(torch.bfloat16)  # fp32 on a CPU without bf16 arithmetic
     torch.manual_seed(0)
     h = head.config.hidden_size
     feats, embeds = torch.randn(2, 9, h).to(torch.bfloat16), torch.randn(2, 9, h).to(torch.bfloat16)
@@ -269,7 +270,6 @@ def test_fine_tuning_keeps_the_starting_heads_shape(tiny, tmp_path):
     """train.init_head with two decoder layers and a narrower MLP: the run trains that head as it is."""
     from transformers import AutoConfig
 
-    from eagle.heads.checkpoint import save_head
     from eagle.heads.eagle2 import DraftConfig, DraftHead
 
     cfg = DraftConfig.from_target_config(AutoConfig.from_pretrained(tiny[0]))
@@ -338,6 +338,29 @@ def test_a_frozen_eagle3_lm_head_keeps_the_targets_rows_while_the_rest_trains(ti
     torch.testing.assert_close(head.lm_head.weight, rows.to(torch.bfloat16).float())  # exported in bf16
     assert not torch.allclose(trainer.engine.module.fc.weight.detach(), fc)
     assert head.config.norm_before_fc and head.input_norm is not None
+
+
+def test_an_eagle3_fine_tune_keeps_its_starting_heads_draft_tokens(tiny3, tmp_path):
+    """train.init_head with an EAGLE-3 head whose draft tokens are not the store's most frequent:
+    row i of its lm_head scores its own i-th token, so the run keeps those ids, in that order, and
+    starts with the start's draft logits."""
+    eagle3 = ("head=eagle3", "model.feature_layers=[0,1,-1]", "train.ttt_steps=2", "train.draft_vocab=64")
+    first = Trainer(make_cfg(tiny3, tmp_path / "a", *eagle3, "train.max_steps=2"))
+    head_dir = first.fit().head_dir
+    ranked = first.vocab.ids
+    shuffled = ranked[torch.randperm(64, generator=torch.Generator().manual_seed(0))]
+    own = torch.cat([shuffled[:48], torch.arange(128)[~torch.isin(torch.arange(128), ranked)][:16]])  # 16 the store ranks lower
+    start = load_head(head_dir)
+    start.draft_ids = own  # as if trained on another store: row i scores own[i]
+    save_head(head_dir, start, dtype=torch.float32)
+    start = load_head(head_dir)
+
+    second = Trainer(make_cfg(tiny3, tmp_path / "b", *eagle3, "train.max_steps=1", f"train.init_head={head_dir}"))
+    assert torch.equal(second.vocab.ids, start.draft_ids) and torch.equal(start.draft_ids.sort().values, own.sort().values)
+    draft_ids, member = second.loss_vocab
+    assert torch.equal(draft_ids, start.draft_ids) and int(member.sum()) == 64
+    torch.testing.assert_close(second.engine.module.lm_head.weight.float(), start.lm_head.weight.float())
+    assert torch.equal(load_head(second.fit().head_dir).draft_ids, start.draft_ids)
 
 
 def test_a_frozen_lm_head_needs_a_start(tiny3, tmp_path):

@@ -13,7 +13,7 @@ from omegaconf import OmegaConf
 from data_prep.store import Record
 from train.config import validate
 from train.data import BatchPlan, collate, length_batches, split_indices
-from train.engine import compute_dtype, ds_config, lr_lambda, schedule_span
+from train.engine import compute_dtype, ds_config, lr_lambda, on_device, schedule_span
 from train.loss import eagle_loss, make_pairs, pass_mask, summarize, uniform_noise, vocab_target
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
@@ -207,6 +207,16 @@ def test_every_model_and_deepspeed_file_composes(model, deepspeed):
     assert conf["zero_optimization"]["stage"] in (0, 2, 3)
     assert conf["gradient_clipping"] == 0.5
     assert compute_dtype(conf) == (torch.float32 if "fp32" in deepspeed else torch.bfloat16)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_training_runs_in_fp32_where_the_device_has_no_bf16_arithmetic(monkeypatch, native):
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: native)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    conf = ds_config(validate(compose_train(["+model=smollm2_135m"])))
+    runs = on_device(conf, torch.device("cpu"))
+    assert compute_dtype(runs) == (torch.bfloat16 if native else torch.float32)
+    assert compute_dtype(conf) == torch.bfloat16  # the config itself is untouched
 
 
 def test_embedded_default_has_its_own_training_values():

@@ -18,6 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from eagle.common import distributed
+from eagle.common.precision import native_bf16
 from train.optimizers import build_optimizer
 
 NEVER = 10**12  # DeepSpeed's own step printing: off (we log ourselves)
@@ -57,6 +58,17 @@ def ds_config(cfg: DictConfig) -> dict:
     return conf
 
 
+def on_device(conf: dict, device) -> dict:
+    """`conf` as `device` runs it: bf16 asked for on a device without bf16 arithmetic (a CPU without
+    AVX512-BF16 or AMX, eagle/common/precision.py) trains in fp32, where the head's forward and backward
+    ran 19x faster on a 2-core AVX2 EPYC; the exported head keeps train.export_dtype."""
+    if conf.get("bf16", {}).get("enabled") and not native_bf16(device):
+        log.info("this %s has no bf16 arithmetic (%s): the head trains in float32", torch.device(device).type,
+                 torch.backends.cpu.get_cpu_capability())
+        conf = {**conf, "bf16": {**conf["bf16"], "enabled": False}}
+    return conf
+
+
 def compute_dtype(conf: dict) -> torch.dtype:
     if conf.get("bf16", {}).get("enabled"):
         return torch.bfloat16
@@ -93,8 +105,9 @@ def schedule_span(t, total_steps: int, world: int = 1) -> tuple[int, int]:
     return (t.warmup_steps if t.warmup_steps is not None else round(t.warmup_ratio * horizon)), horizon
 
 
-def build_engine(head: nn.Module, cfg: DictConfig, total_steps: int, world: int = 1):
-    """deepspeed.initialize with the optimizer of train.optimizer and a LambdaLR schedule; returns the engine.
+def build_engine(head: nn.Module, cfg: DictConfig, conf: dict, total_steps: int, world: int = 1):
+    """deepspeed.initialize with the DeepSpeed config `conf` (ds_config), the optimizer of train.optimizer
+    and a LambdaLR schedule; returns the engine.
 
     Its warmup and decay horizon: schedule_span."""
     import deepspeed
@@ -106,7 +119,7 @@ def build_engine(head: nn.Module, cfg: DictConfig, total_steps: int, world: int 
              t.optimizer, t.lr, t.schedule, warmup, horizon, t.min_lr_ratio)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(warmup, horizon, t.schedule, t.min_lr_ratio, world))
     engine, _, _, _ = deepspeed.initialize(
-        model=head, optimizer=optimizer, lr_scheduler=scheduler, config=ds_config(cfg),
+        model=head, optimizer=optimizer, lr_scheduler=scheduler, config=conf,
         dist_init_required=False,
     )
     return engine

@@ -38,7 +38,7 @@ from eagle.targets.resolve import local_device
 from eagle.heads.draft_vocab import draft_vocab_size
 from train.checkpoints import check_resumable, resume_from, save_checkpoint, step_tag
 from train.data import Batch, BatchPlan, length_batches, loader, loader_settings, split_indices
-from train.engine import build_engine, compute_dtype, ds_config, full_state_dict, init_distributed
+from train.engine import build_engine, compute_dtype, ds_config, full_state_dict, init_distributed, on_device
 from train.export import CardInfo, export_head, model_card
 from train.feature_source import open_features
 from train.frozen import Frozen, frozen_of, load_frozen
@@ -87,7 +87,7 @@ class Trainer:
         self.draft_config = draft_config(self.target_dir, cfg, start)
         self.eagle3 = self.draft_config.architecture == "eagle3"
         self.features.check(self.draft_config, str(cfg.model.path))
-        self.ds_conf = ds_config(cfg)
+        self.ds_conf = on_device(ds_config(cfg), self.device)
         self.dtype = compute_dtype(self.ds_conf)
         self.frozen: Frozen = self._frozen()
         self.lengths = self.records.lengths()
@@ -107,7 +107,7 @@ class Trainer:
             start_from_target(head, self.loss_lm_head, self.frozen.norm)
         if t.freeze_lm_head:
             freeze_lm_head(head, t.init_lm_head or start is not None)
-        self.engine = build_engine(head, cfg, self.total_steps, self.world)
+        self.engine = build_engine(head, cfg, self.ds_conf, self.total_steps, self.world)
         self.step = 0  # optimizer steps done
         self.wandb_id: str | None = None
         self.step_times: list[tuple[int, float]] = []  # (pairs on this rank, seconds) per step

@@ -9,7 +9,9 @@ Counting happens over the tokens the draft has to predict in training: the assis
   whole lm_head when unset); the head stores those (every listed token when unset, for the
   decoder's `draft_vocab=N` later).
 - EAGLE-3: exactly its lm_head's rows, the `train.draft_vocab` most frequent tokens (unseen ones
-  last by id); none when that is the whole vocabulary.
+  last by id); none when that is the whole vocabulary. A fine-tune keeps its starting head's
+  ids: row i of the lm_head it starts from scores that head's i-th draft token, so another
+  ranking would hand a third of the rows to tokens they never scored.
 
     python -m train.vocab_choice STORE_DIR [STORE_DIR ...] [--head HEAD_DIR] [--size N] [--keep]
 
@@ -56,8 +58,11 @@ class TrainingVocabulary:
     def choose(cls, counts: torch.Tensor, size: int | None, eagle3: bool, draft_rows: int | None = None,
                start: torch.Tensor | None = None) -> "TrainingVocabulary":
         """counts [V] of the training tokens; draft_rows: an EAGLE-3 head's lm_head rows; start: the
-        starting head's stored ids (EAGLE-1/2 fine-tuning)."""
-        if eagle3:
+        starting head's stored ids (fine-tuning)."""
+        if eagle3 and start is not None:
+            ids = start  # the starting lm_head's rows score these tokens, in this order
+            log.info("draft vocabulary: the %d tokens of train.init_head", ids.numel())
+        elif eagle3:
             ids = ranked_ids(counts, draft_rows, seen_only=False) if draft_rows < counts.numel() else None
         else:
             seen = ranked_ids(counts)
