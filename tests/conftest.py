@@ -15,6 +15,9 @@ register_resolvers()  # for the tests that compose the Hydra config, as the entr
 # Every test decodes eagerly unless it passes compile=True (tests/test_compiled.py, the bench test): a
 # compile costs seconds per shape even for a tiny model, and most tests build several decoders.
 os.environ["EAGLE_COMPILE"] = "0"
+# A test that compiles takes ATen's matmuls: autotuning builds and times a C++ kernel per candidate
+# (eagle/compiled/graph_cache.py); tests/test_graph_cache.py turns it back on to check the template.
+os.environ["EAGLE_AUTOTUNE"] = "0"
 
 
 @pytest.fixture(autouse=True)

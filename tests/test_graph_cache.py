@@ -24,8 +24,10 @@ def _compiled(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.fixture
-def inductor_counts():
-    """An empty inductor cache for the test, and a count of inductor's events (compiling replaces the counter)."""
+def inductor_counts(monkeypatch):
+    """An empty inductor cache for the test, and a count of inductor's events (compiling replaces the counter);
+    matmuls autotuned, as outside the test suite."""
+    monkeypatch.setenv("EAGLE_AUTOTUNE", "1")
     torch._dynamo.reset()
     counters.clear()
     with fresh_cache():
@@ -81,3 +83,11 @@ def test_calls_of_compiled_shapes_skip_our_options_and_a_shape_not_declared_comp
         f(torch.ones(4))  # would compile without freezing: fails instead
     assert seen == [True, True]
     torch._dynamo.reset()
+
+
+def test_eagle_autotune_0_compiles_without_timing_kernels(monkeypatch):
+    monkeypatch.setenv("EAGLE_AUTOTUNE", "0")
+    options = compile_options(_mlp(0))
+    assert options["freezing"] and "max_autotune" not in options
+    monkeypatch.setenv("EAGLE_AUTOTUNE", "1")
+    assert compile_options(_mlp(0))["max_autotune"]

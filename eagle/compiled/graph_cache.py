@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import os
 import weakref
 
 import torch
@@ -60,9 +61,12 @@ def compile_options(*modules: nn.Module) -> dict:
     """Inductor settings of a graph over `modules`' weights. `freezing`: the weights become graph
     constants; `max_autotune`: each matmul times inductor's C++ GEMM template against ATen's and
     keeps the faster (the template, at every width our forwards use, on this CPU: docs/speed.md).
-    Without the template hook (`install_template_gemm`) graphs keep oneDNN prepacking, uncached."""
-    options = {"freezing": True, "max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
-               **weights_key(*modules)}
+    Without the template hook (`install_template_gemm`) graphs keep oneDNN prepacking, uncached.
+    EAGLE_AUTOTUNE=0 skips the timing (ATen's matmuls): the test suite's tiny models compile in a
+    fraction of the time, since autotuning builds and times a C++ kernel per candidate."""
+    options = {"freezing": True, **weights_key(*modules)}
+    if os.environ.get("EAGLE_AUTOTUNE", "1") != "0":
+        options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
     if install_template_gemm():
         options["cpp.weight_prepack"] = False
     return options
