@@ -343,9 +343,11 @@ def test_a_frozen_eagle3_lm_head_keeps_the_targets_rows_while_the_rest_trains(ti
 def test_an_eagle3_fine_tune_keeps_its_starting_heads_draft_tokens(tiny3, tmp_path):
     """train.init_head with an EAGLE-3 head whose draft tokens are not the store's most frequent:
     row i of its lm_head scores its own i-th token, so the run keeps those ids, in that order, and
-    starts with the start's draft logits."""
-    eagle3 = ("head=eagle3", "model.feature_layers=[0,1,-1]", "train.ttt_steps=2", "train.draft_vocab=64")
-    first = Trainer(make_cfg(tiny3, tmp_path / "a", *eagle3, "train.max_steps=2"))
+    starts with the start's draft logits. It keeps the start's shape too: its 64 rows and its layer
+    without speculators' norms, whatever train.draft_vocab and train.eagle3_norms say."""
+    eagle3 = ("head=eagle3", "model.feature_layers=[0,1,-1]", "train.ttt_steps=2")
+    first = Trainer(make_cfg(tiny3, tmp_path / "a", *eagle3, "train.max_steps=2", "train.draft_vocab=64",
+                             "train.eagle3_norms=false"))
     head_dir = first.fit().head_dir
     ranked = first.vocab.ids
     shuffled = ranked[torch.randperm(64, generator=torch.Generator().manual_seed(0))]
@@ -355,7 +357,9 @@ def test_an_eagle3_fine_tune_keeps_its_starting_heads_draft_tokens(tiny3, tmp_pa
     save_head(head_dir, start, dtype=torch.float32)
     start = load_head(head_dir)
 
-    second = Trainer(make_cfg(tiny3, tmp_path / "b", *eagle3, "train.max_steps=1", f"train.init_head={head_dir}"))
+    second = Trainer(make_cfg(tiny3, tmp_path / "b", *eagle3, "train.max_steps=1", f"train.init_head={head_dir}",
+                              "train.draft_vocab=96", "train.eagle3_norms=true"))
+    assert second.draft_config.draft_vocab_size == 64 and not second.draft_config.norm_before_fc
     assert torch.equal(second.vocab.ids, start.draft_ids) and torch.equal(start.draft_ids.sort().values, own.sort().values)
     draft_ids, member = second.loss_vocab
     assert torch.equal(draft_ids, start.draft_ids) and int(member.sum()) == 64

@@ -1,7 +1,7 @@
 """The head a run trains, sized from its target, and the check that the store feeds that head.
 
 - EAGLE-1/2 (`head=eagle2`): one decoder layer over the target's last hidden state, sized like
-  the target's layers; a fine-tune (`train.init_head`) keeps its starting head's depth and MLP width.
+  the target's layers; a fine-tune (`train.init_head`) keeps its starting head's shape (`keep_start_shape`).
   `train.fc_bias=false` drops the fc bias, which vLLM's EAGLE-1 model has no place for.
 - EAGLE-3 (`head=eagle3`): fuses `model.feature_layers` minus the last one, has no fc bias and its
   own lm_head of `train.draft_vocab` rows (eagle/heads/feature_layers.py); `train.eagle3_norms=true`
@@ -32,9 +32,6 @@ def draft_config(target_dir: Path, cfg: DictConfig, start: Head | None = None) -
     draft = DraftConfig.from_target_config(AutoConfig.from_pretrained(target_dir), target=str(cfg.model.path),
                                            feature_layers=[LAST])
     draft.fc_bias = bool(cfg.train.fc_bias)
-    if kind == "eagle2" and start is not None:  # fine-tuning keeps the start's shape
-        draft.num_hidden_layers = start.config.num_hidden_layers
-        draft.intermediate_size = start.config.intermediate_size
     if kind == "eagle3":
         stored = [int(i) for i in cfg.model.feature_layers]
         fused = fused_layers(stored)
@@ -42,7 +39,24 @@ def draft_config(target_dir: Path, cfg: DictConfig, start: Head | None = None) -
             raise ValueError(f"head=eagle3 needs model.feature_layers = its fused layers plus -1, got {stored}")
         size = cfg.train.draft_vocab or draft.vocab_size  # head=eagle3 sets it (conf/head/eagle3.yaml)
         as_eagle3(draft, fused, min(int(size), draft.vocab_size), bool(cfg.train.eagle3_norms))
+    if start is not None:
+        keep_start_shape(draft, start.config, str(cfg.train.init_head))
     return draft
+
+
+def keep_start_shape(draft: DraftConfig, start: DraftConfig, name: str) -> None:
+    """A fine-tune trains its starting head as it is: its depth and MLP width and, for EAGLE-3, its
+    draft vocabulary size and layer variant (train.draft_vocab and train.eagle3_norms then have no say).
+    An EAGLE-3 start must fuse the layers the store holds."""
+    draft.num_hidden_layers, draft.intermediate_size = start.num_hidden_layers, start.intermediate_size
+    if draft.architecture != "eagle3" or start.architecture != "eagle3":
+        return  # a head of the other kind: initial_head says so
+    if list(start.feature_layers) != list(draft.feature_layers):
+        raise ValueError(f"train.init_head={name}: the head fuses target layers {list(start.feature_layers)}, "
+                         f"model.feature_layers gives {list(draft.feature_layers)}")
+    draft.draft_vocab_size = start.draft_vocab_size
+    draft.norm_before_fc, draft.norm_before_residual, draft.norm_output = (
+        start.norm_before_fc, start.norm_before_residual, start.norm_output)
 
 
 def as_eagle3(draft: DraftConfig, fused: list[int], draft_rows: int, norms: bool) -> None:
