@@ -34,7 +34,7 @@ from data_prep.conversations import Conversation, DataError, expand_sources, rea
 from data_prep.data_config import PrepConfig, TargetFiles, prep_config, resolve
 from data_prep.target_forward import compute_records
 from eagle.common.locks import exclusive
-from eagle.common.precision import batch_dtype
+from eagle.common.precision import fast_dtype
 from data_prep.plan import check_fits, store_plan
 from data_prep.reuse import Donors
 from data_prep.shard_writer import ShardWriter
@@ -113,7 +113,7 @@ def _prepare(prep: PrepConfig, target: TargetFiles | None, rank: int, world: int
     job.entries = _finished(out, manifest, mine)
     if rank == 0:
         write_manifest(out, _manifest(job, key, n_shards, complete=False))
-    model = load_target(job.target_dir, batch_dtype(prep.model.dtype, local_device()))  # features stored in model.dtype
+    model = load_target(job.target_dir, fast_dtype(prep.model.dtype, local_device()))  # features stored in model.dtype
     stats = _run_shards(prep, job, model, n_shards, key)
     job.entries = distributed.merged(job.entries)  # every rank's shards, each hashed once, by its writer
     if rank == 0:

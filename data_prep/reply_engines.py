@@ -93,10 +93,10 @@ def open_engine(regen: RegenConfig, target_dir: Path, dtype: str, tokenizer, max
             raise ValueError("data.regen.engine=openai needs data.regen.url (e.g. http://localhost:8000/v1)")
         return OpenAIEngine(regen.url, target_dir, tokenizer, regen, max_len)
     from data_prep.batched_decoding import BatchedDecoding
-    from eagle.common.precision import batch_dtype
+    from eagle.common.precision import fast_dtype
     from eagle.targets.resolve import load_target, local_device
 
-    return BatchedDecoding(load_target(target_dir, batch_dtype(dtype, local_device())), tokenizer, regen, max_len)
+    return BatchedDecoding(load_target(target_dir, fast_dtype(dtype, local_device())), tokenizer, regen, max_len)
 
 
 def stop_ids(target_dir: Path, tokenizer) -> list[int]:

@@ -21,7 +21,6 @@ from eagle.common import progress
 from eagle.targets.resolve import EMBEDDED_DEFAULT
 
 SHIPPED_HEAD = Path(__file__).resolve().parents[1] / "checkpoints" / "eagle-smollm2-135m-instruct"
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -29,7 +28,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target", "--base", default=EMBEDDED_DEFAULT, help="target alias, HF folder or Hub id")
     p.add_argument("--head", default=str(SHIPPED_HEAD), help="draft head folder or Hub id")
     p.add_argument("--random-head", action="store_true", help="untrained head (tau about 1; for trying the pipeline)")
-    p.add_argument("--dtype", choices=list(DTYPES), default="bfloat16")
+    p.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
+                   help="auto: bfloat16 where the device has bf16 arithmetic, else float32 (eagle/common/precision.py)")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=0.0)
     p.add_argument("--top-k", type=int, default=0)
@@ -55,16 +55,17 @@ def head_missing(head: str) -> bool:
 def build_model(args: argparse.Namespace):
     from transformers import AutoModelForCausalLM
 
+    from eagle.common.precision import fast_dtype
     from eagle.heads.checkpoint import load_head
     from eagle.heads.eagle2 import DraftConfig, DraftHead
     from eagle.model import EaModel
     from eagle.targets.resolve import resolve_target
     from eagle.targets.tokenizer import load_tokenizer
 
-    dtype = DTYPES[args.dtype]
+    dtype = fast_dtype(args.dtype)
     with progress.phase("resolving the target %s", args.target):
         folder = resolve_target(args.target)
-    with progress.phase("loading the target (%s)", args.dtype):
+    with progress.phase("loading the target (%s)", str(dtype).removeprefix("torch.")):
         target = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)  # the family's default attention
         tokenizer = load_tokenizer(folder, args.chat_template)
     with progress.phase("loading the head %s", "(random)" if args.random_head else args.head):

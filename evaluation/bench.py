@@ -25,6 +25,7 @@ import torch
 
 import eagle.decoding.settings as tree_settings
 from eagle.common.child_process import rss_mb
+from eagle.common.precision import fast_dtype
 from data_prep.prompt_sets import Question, first_per_category, load_questions
 from evaluation.methods import DECODERS, METHODS, Bench, default_head_label, split_method
 from evaluation.report import Run, markdown, plots, summarize
@@ -110,7 +111,8 @@ def parse_args(argv=None):
     p.add_argument("--chat-template", default=None, help="template name, .jinja file or text (a base model has none)")
     p.add_argument("--prompts", default="mtbench", help="mtbench | sharegpt-heldout | path to MT-bench-shaped JSONL")
     p.add_argument("--methods", default="vanilla,eagle2,eagle1,pld")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="auto: bfloat16 where the CPU has bf16 arithmetic, else float32 (eagle/common/precision.py)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--limit", type=int, default=None, help="first N questions")
     p.add_argument("--per-category", type=int, default=None, help="first N questions of each category")
@@ -126,6 +128,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    args.dtype = str(fast_dtype(args.dtype)).removeprefix("torch.")  # "auto" resolved, as results.json records it
     if args.threads:
         torch.set_num_threads(args.threads)
     methods, paths = _methods(args)

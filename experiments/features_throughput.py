@@ -25,7 +25,7 @@ from data_prep.target_forward import iter_batches
 from data_prep.resolvers import register_resolvers
 from data_prep.store import read_manifest
 from data_prep.template import tokenize_chunk
-from eagle.common.precision import batch_dtype
+from eagle.common.precision import fast_dtype
 from eagle.targets.resolve import load_target, resolve_target
 from eagle.targets.tokenizer import load_tokenizer
 
@@ -40,7 +40,7 @@ def bare_forward_tokens_per_s(cfg: DictConfig) -> float:
     for k in range(-(-len(conversations) // R)):
         tokenized, _ = tokenize_chunk(tokenizer, conversations[k * R:(k + 1) * R], cfg.model.max_len)
         seqs_by_shard.append([ids for ids, _ in tokenized])
-    model = load_target(target_dir, batch_dtype(cfg.model.dtype))  # as the pipeline runs it
+    model = load_target(target_dir, fast_dtype(cfg.model.dtype))  # as the pipeline runs it
     decoder = model.get_decoder()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     batches = [b for seqs in seqs_by_shard for b in iter_batches(seqs, cfg.data.batch_tokens, pad)]

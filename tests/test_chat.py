@@ -23,3 +23,12 @@ def test_piped_turns_stream_replies_with_the_tree_flags(tiny_dir):
 def test_a_missing_head_is_one_clear_line(tmp_path):
     out = chat("--head", str(tmp_path / "nowhere"))
     assert out.returncode == 2 and "no draft head at" in out.stderr
+
+
+def test_the_default_dtype_is_bf16_only_where_the_cpu_computes_in_it(tiny_dir):
+    from eagle.common.precision import native_bf16
+
+    out = chat("--target", str(tiny_dir), "--random-head", "--max-new-tokens", "2", "--total-token", "4", "--depth", "2",
+               stdin="Hi\n")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert f"loading the target ({'bfloat16' if native_bf16() else 'float32'})" in out.stderr

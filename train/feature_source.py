@@ -25,7 +25,7 @@ from data_prep.target_forward import target_features
 from data_prep.store import FeatureStore
 from data_prep.tokens import TokenRecords, token_records
 from eagle.heads.eagle2 import DraftConfig
-from eagle.common.precision import batch_dtype
+from eagle.common.precision import fast_dtype
 from eagle.targets.resolve import load_target
 from train.data import Batch
 from train.head_config import check_store
@@ -91,6 +91,6 @@ def open_features(cfg, prep: PrepConfig, target: TargetFiles, device: torch.devi
     kind = str(cfg.train.features)
     if kind == "online":
         records = token_records(prep, target)
-        model = load_target(target.folder, batch_dtype(prep.model.dtype, device), device)
+        model = load_target(target.folder, fast_dtype(prep.model.dtype, device), device)
         return OnlineFeatures(records, model, [int(i) for i in prep.model.feature_layers])
     return StoreFeatures(FeatureStore(cfg.store_dir), str(cfg.store_dir))
