@@ -195,7 +195,7 @@ def measured_peak(cfg) -> float:
 
 @pytest.mark.parametrize("kind", ["eagle3", "eagle2"])
 def test_the_plan_matches_a_measured_step(tiny, tmp_path, kind, monkeypatch):
-    monkeypatch.setattr(engine, "native_bf16", lambda device: True)  # the step in bf16, as on a GPU, on any CPU
+    monkeypatch.setattr(engine, "fast_dtype", lambda dtype, device: dtype)  # the step in bf16, as on a GPU, on any CPU
     cfg = tiny_cfg(tiny, tmp_path, kind)
     planned = training_plan(cfg).memory["store"].peak / 2**30
     measured = measured_peak(cfg)

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from eagle.common import distributed
-from eagle.common.precision import native_bf16
+from eagle.common.precision import fast_dtype
 from train.optimizers import build_optimizer
 
 NEVER = 10**12  # DeepSpeed's own step printing: off (we log ourselves)
@@ -62,9 +62,7 @@ def on_device(conf: dict, device) -> dict:
     """`conf` as `device` runs it: bf16 asked for on a device without bf16 arithmetic (a CPU without
     AVX512-BF16 or AMX, eagle/common/precision.py) trains in fp32, where the head's forward and backward
     ran 19x faster on a 2-core AVX2 EPYC; the exported head keeps train.export_dtype."""
-    if conf.get("bf16", {}).get("enabled") and not native_bf16(device):
-        log.info("this %s has no bf16 arithmetic (%s): the head trains in float32", torch.device(device).type,
-                 torch.backends.cpu.get_cpu_capability())
+    if conf.get("bf16", {}).get("enabled") and fast_dtype(torch.bfloat16, device) != torch.bfloat16:
         conf = {**conf, "bf16": {**conf["bf16"], "enabled": False}}
     return conf
 

@@ -11,7 +11,7 @@ Counting happens over the tokens the draft has to predict in training: the assis
 - EAGLE-3: exactly its lm_head's rows, the `train.draft_vocab` most frequent tokens (unseen ones
   last by id); none when that is the whole vocabulary. A fine-tune keeps its starting head's
   ids: row i of the lm_head it starts from scores that head's i-th draft token, so another
-  ranking would hand a third of the rows to tokens they never scored.
+  ranking would hand its rows to tokens they never scored.
 
     python -m train.vocab_choice STORE_DIR [STORE_DIR ...] [--head HEAD_DIR] [--size N] [--keep]
 
