@@ -106,6 +106,49 @@ def test_resume_refuses_a_checkpoint_of_another_store(tiny, tmp_path):
     assert Trainer(make_cfg((target, other), tmp_path, "train.max_steps=6", "train.resume=none")).step == 0
 
 
+def fp32_state(engine) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """name → (fp32 weight, AdamW's exp_avg), whatever the engine's precision and ZeRO stage."""
+    from deepspeed.utils import safe_get_full_fp32_param, safe_get_full_optimizer_state
+
+    opt, out = engine.optimizer, {}
+    if engine.zero_optimization_stage() in (1, 2):  # flat fp32 partitions; state linked to params only after a step
+        return {f"group{i}": (flat.detach().clone(), opt.optimizer.state[flat]["exp_avg"].clone())
+                for i, flat in enumerate(opt.single_partition_of_fp32_groups)}
+    masters = {id(p): m for low, high in zip(getattr(opt, "fp16_groups", []), getattr(opt, "fp32_groups", []))
+               for p, m in zip(low, high) if not engine.zero_optimization()}  # ZeRO-0 bf16: the wrapper's copies
+    for name, p in engine.module.named_parameters():
+        if id(p) in masters:
+            out[name] = (masters[id(p)], opt.optimizer.state[masters[id(p)]]["exp_avg"])
+        elif (w := safe_get_full_fp32_param(p)) is not None:
+            out[name] = (w, safe_get_full_optimizer_state(p, "exp_avg"))
+        else:
+            out[name] = (p, opt.state[p]["exp_avg"])
+    return {k: (w.detach().float().clone(), m.float().clone()) for k, (w, m) in out.items()}
+
+
+@pytest.mark.parametrize("deepspeed, saved_bf16", [("zero0_bf16", True), ("zero0_bf16", False), ("zero2_bf16", True),
+                                                   ("zero3_bf16", True)])
+def test_a_run_resumes_in_the_other_precision(tiny, tmp_path, monkeypatch, deepspeed, saved_bf16):
+    """A bf16 run continued on a CPU without bf16 arithmetic trains in fp32 there (and an fp32 run moved
+    where bf16 is fast, in bf16): its fp32 weights, moments and schedule come back as saved."""
+    from train import engine as engine_module
+
+    as_asked, as_fp32 = (lambda dtype, device: dtype), (lambda dtype, device: torch.float32)
+    common = (f"deepspeed={deepspeed}", "train.max_steps=6", "train.save_every=2")
+    monkeypatch.setattr(engine_module, "fast_dtype", as_asked if saved_bf16 else as_fp32)
+    first = Trainer(make_cfg(tiny, tmp_path, *common, "train.stop_after=2"))
+    assert first.fit().step == 2 and first.engine.bfloat16_enabled() == saved_bf16
+    saved, lr = fp32_state(first.engine), first.engine.get_lr()
+
+    monkeypatch.setattr(engine_module, "fast_dtype", as_fp32 if saved_bf16 else as_asked)
+    second = Trainer(make_cfg(tiny, tmp_path, *common))
+    assert second.step == 2 and second.engine.bfloat16_enabled() != saved_bf16 and second.engine.get_lr() == lr
+    for name, (weight, moment) in fp32_state(second.engine).items():
+        assert torch.equal(weight, saved[name][0]), name
+        assert torch.equal(moment, saved[name][1]), name
+    assert second.fit().step == 6
+
+
 def test_exported_head_reproduces_trained_module(tiny, tmp_path):
     trainer = Trainer(make_cfg(tiny, tmp_path, "train.max_steps=3", "wandb.mode=offline"))
     result = trainer.fit()

@@ -37,6 +37,7 @@ from eagle.heads.checkpoint import load_head
 from eagle.targets.resolve import local_device
 from eagle.heads.draft_vocab import draft_vocab_size
 from train.checkpoints import check_resumable, resume_from, save_checkpoint, step_tag
+from train.cross_precision import load_checkpoint
 from train.data import Batch, BatchPlan, length_batches, loader, loader_settings, split_indices
 from train.engine import build_engine, compute_dtype, ds_config, full_state_dict, init_distributed, on_device
 from train.export import CardInfo, export_head, model_card
@@ -300,7 +301,7 @@ class Trainer:
         if where is None:
             return
         load_dir, tag = where
-        load_path, client = self.engine.load_checkpoint(str(load_dir), tag=tag)
+        load_path, client = load_checkpoint(self.engine, str(load_dir), tag)
         if load_path is None:
             raise FileNotFoundError(f"no DeepSpeed checkpoint to resume in {load_dir} (tag {tag})")
         check_resumable(load_path, client, self.world, self._store_identity())
