@@ -7,17 +7,25 @@ bucket, then times the widths in interleaved rounds (so a change in the machine'
 on all of them) and prints the median ms per forward beside the compile seconds. Width 1 is
 plain decoding's step (logits only); wider ones are tree verifies (hidden states too). A second
 run with the same inductor cache (`TORCHINDUCTOR_CACHE_DIR`) shows what the cache saves.
+
+`--matmuls` compares other lowerings of the linear layers with ours (`template`: frozen weights,
+inductor's C++ GEMM template autotuned against ATen, eagle/compiled/graph_cache.py): `aten`
+(frozen, ATen's matmuls), `inputs` (weights passed to the graph, not frozen), `prepack` (frozen,
+oneDNN's packed weights) and `eager` (not compiled). The peak resident memory is printed too: each
+frozen graph keeps its own copy of the weights in the template's or oneDNN's packing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import time
 
 import torch
 
+import eagle.compiled.graph_cache as graph_cache
 from eagle.compiled.target_graphs import CompiledTarget
 from eagle.targets.resolve import load_causal_lm, resolve_target
 
@@ -58,6 +66,21 @@ def _call(runner: CompiledTarget, width: int):
     return lambda: runner.forward(tokens, positions, visible, CONTEXT, width, hidden=True)
 
 
+LOWERINGS = {  # --matmuls: inductor options of a graph over `modules`' weights, in place of ours
+    "aten": lambda *modules: {"freezing": True, "cpp.weight_prepack": False, **graph_cache.weights_key(*modules)},
+    "inputs": lambda *modules: {"freezing": False, **graph_cache.weights_key(*modules)},
+    "prepack": lambda *modules: {"freezing": True, "cpp.weight_prepack": True},
+}
+
+
+def use_matmuls(kind: str, runner: CompiledTarget) -> None:
+    """Lower the runner's graphs with `kind` (LOWERINGS, `eager` or ours, `template`)."""
+    if kind == "eager":
+        runner._compiled = runner.target.forward
+    elif kind in LOWERINGS:
+        graph_cache.compile_options = LOWERINGS[kind]
+
+
 def main(argv: list[str] | None = None) -> dict[int, dict]:
     p = argparse.ArgumentParser(prog="python -m evaluation.forward_widths", description=__doc__.splitlines()[0])
     p.add_argument("--base", default="smollm2-135m-instruct", help="target: alias, folder or Hub id")
@@ -66,17 +89,24 @@ def main(argv: list[str] | None = None) -> dict[int, dict]:
     p.add_argument("--widths", default="1,4,8,16", help="comma-separated forward widths (rows)")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--reps", type=int, default=15, help="calls of each width per round")
+    p.add_argument("--matmuls", default="template", choices=["template", *LOWERINGS, "eager"],
+                   help="how the linear layers are lowered (template: ours)")
     args = p.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     target = load_causal_lm(resolve_target(args.base), getattr(torch, args.dtype), "cpu")
     widths = [int(w) for w in args.widths.split(",")]
+    runner = CompiledTarget.of(target)
+    use_matmuls(args.matmuls, runner)
     with torch.inference_mode():
-        result = forward_ms(CompiledTarget.of(target), widths, args.rounds, args.reps)
+        result = forward_ms(runner, widths, args.rounds, args.reps)
+    peak_mb = round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
     print("| rows | compile s | ms per forward |\n|---|---|---|")
     for w, r in result.items():
         print(f"| {w} | {r['compile_s']} | {r['ms']} |")
-    print(json.dumps({"threads": torch.get_num_threads(), "dtype": args.dtype, "widths": result}))
+    print(f"peak resident memory {peak_mb} MB")
+    print(json.dumps({"threads": torch.get_num_threads(), "dtype": args.dtype, "matmuls": args.matmuls,
+                      "peak_rss_mb": peak_mb, "widths": result}))
     return result
 
 
