@@ -52,7 +52,7 @@ def saved_in_bf16(tag_dir: Path) -> bool | None:
         return any(n.startswith("bf16_") for n in optim)
     if not (tag_dir / MODEL_STATES).is_file():
         return None
-    conf = torch.load(tag_dir / MODEL_STATES, map_location="cpu", weights_only=False).get("ds_config") or {}
+    conf = torch.load(tag_dir / MODEL_STATES, map_location="cpu", weights_only=False, mmap=True).get("ds_config") or {}
     return bool(conf.get("bf16", {}).get("enabled"))
 
 
@@ -71,7 +71,7 @@ def _load_stage0_optimizer(engine, saved: dict, load_path: Path) -> None:
     if engine.bfloat16_enabled():  # fp32 checkpoint → bf16 engine: masters from the saved fp32 module
         wrapper = engine.optimizer
         wrapper.optimizer.load_state_dict(saved)
-        module = torch.load(load_path, map_location="cpu", weights_only=False)["module"]
+        module = torch.load(load_path, map_location="cpu", weights_only=False, mmap=True)["module"]
         names = {id(p): n for n, p in engine.module.named_parameters()}
         for masters, params in zip(wrapper.fp32_groups, wrapper.fp16_groups):
             for master, param in zip(masters, params):
