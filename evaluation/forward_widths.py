@@ -9,7 +9,8 @@ plain decoding's step (logits only); wider ones are tree verifies (hidden states
 run with the same inductor cache (`TORCHINDUCTOR_CACHE_DIR`) shows what the cache saves.
 
 `--matmuls` compares other lowerings of the linear layers with ours (`template`: frozen weights,
-inductor's C++ GEMM template autotuned against ATen, eagle/compiled/graph_cache.py): `aten`
+inductor's C++ GEMM template autotuned against ATen, eagle/compiled/graph_cache.py):
+`template-only` (the template offered alone, nothing timed), `aten`
 (frozen, ATen's matmuls), `inputs` (weights passed to the graph, not frozen), `prepack` (frozen,
 oneDNN's packed weights) and `eager` (not compiled). The peak resident memory is printed too: each
 frozen graph keeps its own copy of the weights in the template's or oneDNN's packing.
@@ -66,7 +67,9 @@ def _call(runner: CompiledTarget, width: int):
     return lambda: runner.forward(tokens, positions, visible, CONTEXT, width, hidden=True)
 
 
+OURS = graph_cache.compile_options
 LOWERINGS = {  # --matmuls: inductor options of a graph over `modules`' weights, in place of ours
+    "template-only": lambda *modules: {**OURS(*modules), "max_autotune": True, "max_autotune_gemm_backends": "CPP"},
     "aten": lambda *modules: {"freezing": True, "cpp.weight_prepack": False, **graph_cache.weights_key(*modules)},
     "inputs": lambda *modules: {"freezing": False, **graph_cache.weights_key(*modules)},
     "prepack": lambda *modules: {"freezing": True, "cpp.weight_prepack": True},

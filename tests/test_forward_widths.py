@@ -13,7 +13,7 @@ def test_forward_widths_times_each_width_after_compiling_it(tiny_dir, capsys):
     assert "| 2 |" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("kind", ["inputs", "eager"])
+@pytest.mark.parametrize("kind", ["inputs", "eager", "template-only"])
 def test_forward_widths_times_another_matmul_lowering(tiny_dir, capsys, monkeypatch, kind):
     """--matmuls compiles (or not) with other inductor options and reports the peak memory beside the times."""
     monkeypatch.setattr(graph_cache, "compile_options", graph_cache.compile_options)  # main replaces it
