@@ -44,6 +44,7 @@ from torch.profiler import record_function
 
 from eagle.common import progress
 from eagle.tuning import budget_cache
+from eagle.tuning.machine_load import OthersShare
 from eagle.tuning.tuner import DEPTHS, SIZES, TreeBudget, describe, tune_tree
 from eagle.tuning.warmup import Warmup, adopt, generation, prepare_in_background
 from eagle.heads.checkpoint import Head, check_head_fits, load_head
@@ -182,14 +183,20 @@ class EaModel(nn.Module):
         candidate (total_token=1, eagenerate then runs plain steps).
         reuse: take the budget measured before for this head, target, dtype and machine
         (eagle.tuning.budget_cache) instead of timing again; a new measurement on the calibration
-        prompts is stored for the next load. pause: called before each timed part (the background
-        preparation waits there while the model generates)."""
+        prompts is stored for the next load, unless other processes took more than a quarter of the
+        machine while it ran (eagle.tuning.machine_load): then the next load times again.
+        pause: called before each timed part (the background preparation waits there while the
+        model generates)."""
         key = budget_cache.key_of(self) if prompts is None else None
         budget = budget_cache.load(key) if key is not None and reuse else None
         if budget is None:
             log.info("timing the draft tree on this machine (once: the pick is cached)")
-            budget = tune_tree(self, prompts, budget_cache.tuned_sizes(self), pause=pause)
-            if key is not None:
+            with OthersShare() as load:
+                budget = tune_tree(self, prompts, budget_cache.tuned_sizes(self), pause=pause)
+            if key is not None and load.busy:
+                log.warning("other processes used %.0f%% of the CPUs while the tree was timed: this pick "
+                            "is used now, not cached, and timed again at the next load", 100 * load.share)
+            elif key is not None:
                 budget_cache.save(key, budget)
         self.adopt_budget(budget)
         log.info(describe(budget))

@@ -9,9 +9,8 @@ plain decoding's step (logits only); wider ones are tree verifies (hidden states
 run with the same inductor cache (`TORCHINDUCTOR_CACHE_DIR`) shows what the cache saves.
 
 `--matmuls` compares other lowerings of the linear layers with ours (`template`: frozen weights,
-inductor's C++ GEMM template autotuned against ATen, eagle/compiled/graph_cache.py):
-`template-only` (the template offered alone, nothing timed), `aten`
-(frozen, ATen's matmuls), `inputs` (weights passed to the graph, not frozen), `prepack` (frozen,
+inductor's C++ GEMM template, nothing timed, eagle/compiled/graph_cache.py): `autotune` (the
+template timed against ATen's matmuls, the faster kept), `aten` (frozen, ATen's matmuls), `inputs` (weights passed to the graph, not frozen), `prepack` (frozen,
 oneDNN's packed weights) and `eager` (not compiled). The peak resident memory is printed too: each
 frozen graph keeps its own copy of the weights in the template's or oneDNN's packing.
 """
@@ -20,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import time
@@ -67,18 +67,17 @@ def _call(runner: CompiledTarget, width: int):
     return lambda: runner.forward(tokens, positions, visible, CONTEXT, width, hidden=True)
 
 
-OURS = graph_cache.compile_options
 LOWERINGS = {  # --matmuls: inductor options of a graph over `modules`' weights, in place of ours
-    "template-only": lambda *modules: {**OURS(*modules), "max_autotune": True, "max_autotune_gemm_backends": "CPP"},
-    "aten": lambda *modules: {"freezing": True, "cpp.weight_prepack": False, **graph_cache.weights_key(*modules)},
     "inputs": lambda *modules: {"freezing": False, **graph_cache.weights_key(*modules)},
     "prepack": lambda *modules: {"freezing": True, "cpp.weight_prepack": True},
 }
 
 
 def use_matmuls(kind: str, runner: CompiledTarget) -> None:
-    """Lower the runner's graphs with `kind` (LOWERINGS, `eager` or ours, `template`)."""
-    if kind == "eager":
+    """Lower the runner's graphs with `kind` (LOWERINGS, `eager` or one of our policies, graph_cache.MATMULS)."""
+    if kind in graph_cache.MATMULS:
+        os.environ["EAGLE_MATMULS"] = kind
+    elif kind == "eager":
         runner._compiled = runner.target.forward
     elif kind in LOWERINGS:
         graph_cache.compile_options = LOWERINGS[kind]
@@ -92,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict[int, dict]:
     p.add_argument("--widths", default="1,4,8,16", help="comma-separated forward widths (rows)")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--reps", type=int, default=15, help="calls of each width per round")
-    p.add_argument("--matmuls", default="template", choices=["template", *LOWERINGS, "eager"],
+    p.add_argument("--matmuls", default="template", choices=[*graph_cache.MATMULS, *LOWERINGS, "eager"],
                    help="how the linear layers are lowered (template: ours)")
     args = p.parse_args(argv)
     if args.threads:

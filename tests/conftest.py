@@ -15,9 +15,9 @@ register_resolvers()  # for the tests that compose the Hydra config, as the entr
 # Every test decodes eagerly unless it passes compile=True (tests/test_compiled.py, the bench test): a
 # compile costs seconds per shape even for a tiny model, and most tests build several decoders.
 os.environ["EAGLE_COMPILE"] = "0"
-# A test that compiles takes ATen's matmuls: autotuning builds and times a C++ kernel per candidate
-# (eagle/compiled/graph_cache.py); tests/test_graph_cache.py turns it back on to check the template.
-os.environ["EAGLE_AUTOTUNE"] = "0"
+# A test that compiles takes ATen's matmuls: the C++ GEMM template generates and builds a kernel per
+# matmul (eagle/compiled/graph_cache.py); tests/test_graph_cache.py turns it back on to check it.
+os.environ["EAGLE_MATMULS"] = "aten"
 
 
 @pytest.fixture(autouse=True)
@@ -59,3 +59,12 @@ def tiny_dir(tmp_path_factory):
     model.save_pretrained(out)
     tok.save_pretrained(out)
     return out
+
+
+@pytest.fixture(autouse=True)
+def _picks_always_cached(monkeypatch):
+    """Tuned picks are cached whatever else runs on the machine (a test that checks the busy case
+    sets eagle.tuning.machine_load.BUSY itself)."""
+    from eagle.tuning import machine_load
+
+    monkeypatch.setattr(machine_load, "BUSY", 1.0)

@@ -9,7 +9,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 from torch._inductor.utils import fresh_cache
 
-from eagle.compiled.graph_cache import compile_options, compiled_call, weights_digest
+from eagle.compiled.graph_cache import compile_options, compiled_call, matmuls_policy, weights_digest
 
 
 def _mlp(seed: int) -> nn.Module:
@@ -26,8 +26,8 @@ def _compiled(module: nn.Module, x: torch.Tensor) -> torch.Tensor:
 @pytest.fixture
 def inductor_counts(monkeypatch):
     """An empty inductor cache for the test, and a count of inductor's events (compiling replaces the counter);
-    matmuls autotuned, as outside the test suite."""
-    monkeypatch.setenv("EAGLE_AUTOTUNE", "1")
+    the matmuls of the default policy, as outside the test suite."""
+    monkeypatch.setenv("EAGLE_MATMULS", "template")
     torch._dynamo.reset()
     counters.clear()
     with fresh_cache():
@@ -85,9 +85,45 @@ def test_calls_of_compiled_shapes_skip_our_options_and_a_shape_not_declared_comp
     torch._dynamo.reset()
 
 
-def test_eagle_autotune_0_compiles_without_timing_kernels(monkeypatch):
-    monkeypatch.setenv("EAGLE_AUTOTUNE", "0")
+class _Gram(nn.Module):
+    """A linear layer (frozen weight: the template serves it) and a product of two activations (it cannot)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = nn.Linear(64, 32)
+
+    def forward(self, x):
+        h = self.proj(x)
+        return h @ h.T
+
+
+def test_template_policy_takes_the_template_untimed_and_aten_where_the_template_cannot_serve(inductor_counts):
+    module, x = _Gram().eval(), torch.randn(4, 64)
+    with torch.inference_mode(), inductor.patch(**compile_options(module)):
+        out = torch.compile(module, fullgraph=True, dynamic=False)(x)
+    assert inductor_counts("cpp_templated_kernel_counter") == 1  # the linear layer
+    assert inductor_counts("select_algorithm_autotune") == 0  # no kernel timed
+    with torch.inference_mode():
+        torch.testing.assert_close(out, module(x), rtol=1e-4, atol=1e-4)
+
+
+def test_autotune_policy_times_the_template_against_aten(inductor_counts, monkeypatch):
+    monkeypatch.setenv("EAGLE_MATMULS", "autotune")
+    module, x = _Gram().eval(), torch.randn(4, 64)
+    with torch.inference_mode(), inductor.patch(**compile_options(module)):
+        torch.compile(module, fullgraph=True, dynamic=False)(x)
+    assert inductor_counts("select_algorithm_autotune") >= 1
+
+
+def test_matmul_policies_and_a_wrong_one(monkeypatch):
+    monkeypatch.setenv("EAGLE_MATMULS", "aten")
     options = compile_options(_mlp(0))
     assert options["freezing"] and "max_autotune" not in options
-    monkeypatch.setenv("EAGLE_AUTOTUNE", "1")
+    monkeypatch.setenv("EAGLE_MATMULS", "template")
     assert compile_options(_mlp(0))["max_autotune"]
+    # the policy joins the cache key: a graph cached under one is never served under another
+    assert compile_options(_mlp(0))["post_grad_custom_post_pass"].uuid().endswith("-template")
+    monkeypatch.setenv("EAGLE_MATMULS", "fastest")
+    with pytest.raises(ValueError, match="EAGLE_MATMULS='fastest'"):
+        matmuls_policy()

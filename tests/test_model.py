@@ -590,3 +590,18 @@ def test_a_tuned_budget_is_reused_for_the_same_head_target_and_machine(tmp_path,
     EaModel.from_modules(target, random_head(target, 9), settings=auto, background=False)
     again.tune(reuse=False)
     assert len(calls) == 3
+
+
+def test_a_pick_timed_beside_other_work_is_used_but_not_cached(tmp_path, monkeypatch, caplog):
+    """A pick timed while other processes took the machine would price every later process's forwards by
+    their load (eagle/tuning/machine_load.py): it decodes this process, and the next load times again."""
+    from eagle.tuning import machine_load
+
+    monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
+    monkeypatch.setattr(machine_load, "BUSY", -1.0)  # any share of others' work counts as busy
+    target, head = near_bigram_pair(2)
+    with caplog.at_level("WARNING", logger="eagle"):
+        model = EaModel.from_modules(target, head, settings=TreeSettings(top_k=4), background=False)
+    assert model.tuning is not None and model.settings.total_token == model.tuning.total_token
+    assert not list(tmp_path.glob("tree-budgets/*.json"))
+    assert "not cached, and timed again at the next load" in caplog.text

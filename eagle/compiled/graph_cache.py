@@ -8,9 +8,8 @@ Two things kept our frozen graphs out of it, and one made reusing them unsafe:
   oneDNN's packed form (`cpp.weight_prepack`); packed weights are mkldnn tensors, which the cache
   cannot pickle, so it skipped every graph and each process lowered, generated and loaded them
   all again. Our graphs compile with `cpp.weight_prepack` off (`compile_options`).
-- **The C++ GEMM template without prepacking.** The template, which autotuning picks for our
-  forwards (at 8-16 rows 1.6x faster than oneDNN's prepacked matmuls, as fast at 1-4 rows:
-  docs/speed.md), packs the weights itself into ordinary tensors, but inductor offers it only
+- **The C++ GEMM template without prepacking.** The template, which our graphs take for their
+  matmuls (1.6-2.5x faster than ATen's or oneDNN's at 1-16 rows: docs/speed.md), packs the weights itself into ordinary tensors, but inductor offers it only
   while `cpp.weight_prepack` is on. `install_template_gemm` lets the matmul lowerings offer it
   with prepacking off.
 - **Weights inside the cached graph.** The cache keys frozen weights by shape and dtype only and
@@ -23,7 +22,7 @@ Two things kept our frozen graphs out of it, and one made reusing them unsafe:
 
 A second process still traces each forward (dynamo, AOT autograd, freezing: about 20 s a graph
 for the embedded default's target, where compiling it took 90-130 s); lowering, generating and
-compiling C++ and autotuning are what it skips.
+compiling C++ are what it skips.
 """
 
 from __future__ import annotations
@@ -57,30 +56,48 @@ def compiled_call(compiling: bool, *modules: nn.Module) -> contextlib.AbstractCo
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
 
 
+MATMULS = ("template", "autotune", "aten")  # EAGLE_MATMULS: how our graphs lower their matmuls
+
+
 def compile_options(*modules: nn.Module) -> dict:
     """Inductor settings of a graph over `modules`' weights. `freezing`: the weights become graph
-    constants; `max_autotune`: each matmul times inductor's C++ GEMM template against ATen's and
-    keeps the faster (the template, at every width our forwards use, on this CPU: docs/speed.md).
-    Without the template hook (`install_template_gemm`) graphs keep oneDNN prepacking, uncached.
-    EAGLE_AUTOTUNE=0 skips the timing (ATen's matmuls): the test suite's tiny models compile in a
-    fraction of the time, since autotuning builds and times a C++ kernel per candidate."""
-    options = {"freezing": True, **weights_key(*modules)}
-    if os.environ.get("EAGLE_AUTOTUNE", "1") != "0":
+    constants. The matmuls follow EAGLE_MATMULS (`matmuls_policy`):
+
+    - `template` (default): inductor's C++ GEMM template wherever it serves the matmul, ATen's kernel
+      elsewhere, without timing either. As fast as autotuning or faster at every width our forwards
+      use (docs/speed.md), it compiles a fifth sooner, and its pick cannot depend on how busy the
+      machine was while it compiled.
+    - `autotune`: each matmul times the template against ATen's and keeps the faster.
+    - `aten`: ATen's matmuls, no template: the test suite's tiny models compile in a fraction of the time.
+
+    Without the template hook (`install_template_gemm`) graphs keep oneDNN prepacking, uncached."""
+    policy = matmuls_policy()
+    options = {"freezing": True, **weights_key(*modules, policy=policy)}
+    if policy != "aten":
         options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
     if install_template_gemm():
         options["cpp.weight_prepack"] = False
     return options
 
 
+def matmuls_policy() -> str:
+    policy = os.environ.get("EAGLE_MATMULS", "template")
+    if policy not in MATMULS:
+        raise ValueError(f"EAGLE_MATMULS={policy!r}: expected one of {', '.join(MATMULS)}")
+    return policy
+
+
 def install_template_gemm() -> bool:
-    """Let inductor's mm/addmm lowering offer the C++ GEMM template while `cpp.weight_prepack` is off
-    (idempotent). False when this torch has no such hook: graphs then keep oneDNN prepacking."""
+    """Let inductor's matmul lowerings offer the C++ GEMM template while `cpp.weight_prepack` is off, and
+    take it untimed in our `template` graphs (idempotent). False when this torch has no such hooks:
+    graphs then keep oneDNN prepacking."""
     try:
         from torch._inductor.kernel import mm as lowering
     except ImportError:
         return False
     current = getattr(lowering, "use_cpp_gemm_template", None)
-    if current is None:
+    select = getattr(lowering, "autotune_select_algorithm", None)
+    if current is None or select is None:
         return False
     if not hasattr(current, "eagle_wraps"):
         def offered(*args, **kwargs):
@@ -89,25 +106,45 @@ def install_template_gemm() -> bool:
 
         offered.eagle_wraps = current
         lowering.use_cpp_gemm_template = offered
+    if not hasattr(select, "eagle_wraps"):
+        def template_first(name, choices, *args, **kwargs):
+            ours = inductor.post_grad_custom_post_pass
+            if isinstance(ours, _WeightsKey) and ours.policy == "template":
+                templates = [c for c in choices if _is_cpp_template(c)]
+                choices = templates or choices  # one choice: inductor takes it without timing
+            return select(name, choices, *args, **kwargs)
+
+        template_first.eagle_wraps = select
+        lowering.autotune_select_algorithm = template_first
     return True
 
 
-class _WeightsKey(CustomGraphPass):
-    """A graph pass that changes nothing: its uuid (the weights' digest) joins the FX graph cache key."""
+def _is_cpp_template(choice) -> bool:
+    """The template's choice, bare (mm) or wrapped with the bias's pre- and post-processing (addmm)."""
+    from torch._inductor.codegen.cpp_template_kernel import CppTemplateCaller
 
-    def __init__(self, digest: str):
-        self.digest = digest
+    return isinstance(getattr(choice, "_wrapped", choice), CppTemplateCaller)
+
+
+class _WeightsKey(CustomGraphPass):
+    """A graph pass that changes nothing: its uuid (the weights' digest and the matmul policy) joins the FX
+    graph cache key, and its presence marks a graph as ours to the template hook."""
+
+    def __init__(self, digest: str, policy: str):
+        self.digest, self.policy = digest, policy
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         return None
 
     def uuid(self) -> str:
-        return self.digest
+        return f"{self.digest}-{self.policy}"
 
 
-def weights_key(*modules: nn.Module) -> dict:
-    """Inductor options that key the graphs compiled for `modules` by their weights (`weights_digest`)."""
-    return {"post_grad_custom_post_pass": _WeightsKey("-".join(weights_digest(m) for m in modules))}
+def weights_key(*modules: nn.Module, policy: str = "template") -> dict:
+    """Inductor options that key the graphs compiled for `modules` by their weights (`weights_digest`)
+    and by how their matmuls are chosen."""
+    digest = "-".join(weights_digest(m) for m in modules)
+    return {"post_grad_custom_post_pass": _WeightsKey(digest, policy)}
 
 
 def weights_digest(module: nn.Module) -> str:

@@ -11,7 +11,7 @@ These are the `HeadRunner` methods (eagle/decoding/runners.py) the eager head ha
 
 Why (docs/speed.md): eager, the head's forward is ~40 small ops and the scorer three more. Inside a
 decode step (SmolLM2-135M, bf16, 2 threads) the head's update took 2.07 ms and the scorer 1.14;
-compiled with the target's settings (freezing; GEMMs autotuned) 0.97 + ~0.3 of
+compiled with the target's settings (freezing; GEMM templates) 0.97 + ~0.3 of
 padding and mask, and ~0.9-1.1. Both are bound by reading their weights (8.4 and 14 MB), which the
 target's forward has just pushed out of the caches: warm, the same calls take 0.6 and 0.2 ms.
 

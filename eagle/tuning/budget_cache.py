@@ -21,15 +21,17 @@ from pathlib import Path
 
 import torch
 
+from eagle.compiled.graph_cache import matmuls_policy
 from eagle.tuning.tuner import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget
 from eagle.targets.resolve import cache_dir
 
 # Bump when the tuner's measurement changes, so old picks are not reused.
-VERSION = 7  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;
+VERSION = 8  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;
 #            4: the head and its scorer compiled (draft and rest of a step cost less);
 #            5: the plain step timed in the verify widths' rounds (it was timed back to back, too fast);
 #            6: every compiled width autotuned to the C++ GEMM template (wide verifies cost less);
-#            7: rows with a prompt-lookup chain, plain decoding always a candidate
+#            7: rows with a prompt-lookup chain, plain decoding always a candidate;
+#            8: compiled matmuls take the C++ GEMM template untimed (EAGLE_MATMULS joins the key)
 
 
 def tuned_sizes(model) -> tuple[int, ...]:
@@ -54,7 +56,7 @@ def budget_key(model, sizes, depths) -> dict:
                           target.config.to_json_string(use_diff=False).encode()),
         "dtype": str(lm_head.dtype), "device": _device_name(lm_head.device), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "top_k": model.settings.top_k, "draft_vocab": model.draft_vocab_size,
-        "compiled": model.compiled is not None,
+        "compiled": model.compiled is not None, "matmuls": matmuls_policy() if model.compiled is not None else None,
     }
 
 
