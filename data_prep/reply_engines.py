@@ -80,23 +80,26 @@ def open_engine(regen: RegenConfig, target_dir: Path, dtype: str, tokenizer, max
                 threads: int | None = None, eager: bool = False) -> ReplyEngine:
     """The reply engine of `regen` for the target in `target_dir` (`dtype`, contexts of `max_len` tokens).
     `threads`: vLLM's (None: its own choice); `eager`: vLLM without its compile (a faster start, for checks)."""
+    from eagle.common.precision import fast_dtype
+    from eagle.targets.resolve import local_device
+
     name = engine_name(regen)
     log.info("regeneration engine: %s", name)
+    if name == "openai":
+        if not regen.url:
+            raise ValueError("data.regen.engine=openai needs data.regen.url (e.g. http://localhost:8000/v1)")
+        return OpenAIEngine(regen.url, target_dir, tokenizer, regen, max_len)
+    dtype = str(fast_dtype(dtype, local_device())).removeprefix("torch.")  # fp32 on a CPU without bf16 arithmetic
     if name == "vllm":
         python = vllm_python(regen)
         if python is None:
             raise FileNotFoundError(f"data.regen.engine=vllm: no Python with vLLM here; set data.regen.python, "
                                     f"install vllm, or run `make consumers` ({CONSUMER_VLLM})")
         return VllmEngine(python, target_dir, dtype, tokenizer, max_len, threads, eager)
-    if name == "openai":
-        if not regen.url:
-            raise ValueError("data.regen.engine=openai needs data.regen.url (e.g. http://localhost:8000/v1)")
-        return OpenAIEngine(regen.url, target_dir, tokenizer, regen, max_len)
     from data_prep.batched_decoding import BatchedDecoding
-    from eagle.common.precision import fast_dtype
-    from eagle.targets.resolve import load_target, local_device
+    from eagle.targets.resolve import load_target
 
-    return BatchedDecoding(load_target(target_dir, fast_dtype(dtype, local_device())), tokenizer, regen, max_len)
+    return BatchedDecoding(load_target(target_dir, getattr(torch, dtype)), tokenizer, regen, max_len)
 
 
 def stop_ids(target_dir: Path, tokenizer) -> list[int]:
@@ -145,10 +148,19 @@ class VllmEngine:
         ready = self.child.ready
         log.info("vLLM %s ready in %.0f s (%.0f s with its start)", ready["vllm"], ready["startup_seconds"],
                  time.perf_counter() - start)
+        self.seeded = ready.get("seeded", True)
+        self.warned = False
+
+    def _check_seeding(self, settings: RegenConfig) -> None:
+        if not self.seeded and settings.temperature > 0 and not self.warned:
+            log.warning("vLLM's CPU backend cannot seed single requests: sampled replies follow the engine's own "
+                        "seed, so a resumed run samples the chunks after the interruption differently")
+            self.warned = True
 
     def generate(self, prompts: list[list[int]], seed: int, settings: RegenConfig) -> list[str]:
         if not prompts:
             return []
+        self._check_seeding(settings)
         request = {"prompts": prompts, "max_tokens": _budgets(prompts, settings, self.max_len),
                    "seeds": [seed + i for i in range(len(prompts))], "temperature": float(settings.temperature),
                    "top_p": float(settings.top_p), "stop_token_ids": self.stop_ids}

