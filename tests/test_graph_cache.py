@@ -1,5 +1,9 @@
 """Compiled graphs reused across processes (eagle/compiled/graph_cache.py): cached at all, keyed by weights;
-our options only while a shape compiles."""
+our options only while a shape compiles; one packed copy of each weight for all graphs."""
+
+import contextlib
+import copy
+import gc
 
 import pytest
 import torch
@@ -127,3 +131,35 @@ def test_matmul_policies_and_a_wrong_one(monkeypatch):
     monkeypatch.setenv("EAGLE_MATMULS", "fastest")
     with pytest.raises(ValueError, match="EAGLE_MATMULS='fastest'"):
         matmuls_policy()
+
+
+def _packed_copies(k: int, n: int) -> set[int]:
+    """Storages of the live 3-D tensors of at least k*n elements: the template's packed [n/b, k, b] weights."""
+    found = set()
+    for o in gc.get_objects():
+        with contextlib.suppress(ReferenceError):
+            if type(o) is torch.Tensor and o.dim() == 3 and o.shape[1] == k and o.numel() >= k * n:
+                found.add(o.untyped_storage().data_ptr())
+    return found
+
+
+def test_graphs_of_several_widths_share_one_packed_copy_of_each_weight(inductor_counts):
+    """The template packs a weight the same way at every width: one copy serves all graphs, built or loaded
+    from the cache (eagle/compiled/shared_constants.py); a module with other weights keeps its own."""
+    from torch.compiler._cache import CacheArtifactManager
+
+    torch.manual_seed(0)
+    wide, other = nn.Linear(512, 1024).eval(), nn.Linear(512, 1024).eval()
+    compiled = []
+    with CacheArtifactManager.with_fresh_cache():
+        for module in (wide, copy.deepcopy(wide), other):  # the copy: cache hits for the same weights
+            torch._dynamo.reset()
+            for rows in (1, 4):
+                x = torch.randn(rows, 512)
+                with torch.inference_mode(), compiled_call(True, module):
+                    compiled.append(torch.compile(module, fullgraph=True, dynamic=False))
+                    torch.testing.assert_close(compiled[-1](x), module(x), rtol=1e-4, atol=1e-4)
+        assert not CacheArtifactManager.need_serialize()  # no pickled copy of each graph kept for torch
+    assert inductor_counts("fxgraph_cache_hit") == 2 and inductor_counts("cpp_templated_kernel_counter") > 0
+    gc.collect()
+    assert len(_packed_copies(512, 1024)) == 2  # wide's four graphs share one, other's two another

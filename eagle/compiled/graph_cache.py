@@ -37,6 +37,8 @@ import torch._inductor.config as inductor
 from torch import nn
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from eagle.compiled.shared_constants import sharing
+
 SAMPLE = 65536  # elements of each tensor the digest reads (strided over the whole tensor)
 _DIGESTS: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
 
@@ -50,10 +52,31 @@ def compiled_call(compiling: bool, *modules: nn.Module) -> contextlib.AbstractCo
     while nothing they check changes between the calls of a compiled shape (same module, dtype,
     cache tensors, inference mode). Dynamo then checks only the guards that tell this code
     object's graphs apart (`skip_guard_eval_unsafe`), and refuses to compile a call (a RuntimeError,
-    not a graph silently compiled without our options)."""
+    not a graph silently compiled without our options). After a compile the new graph's packed
+    weights are shared with earlier graphs' equal ones (eagle/compiled/shared_constants.py)."""
     if compiling:
-        return inductor.patch(**compile_options(*modules))
+        return _compiling(modules)
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
+
+
+@contextlib.contextmanager
+def _compiling(modules: tuple[nn.Module, ...]):
+    """Our options while a graph compiles; then its packed weights shared with the graphs before it
+    (eagle/compiled/shared_constants.py), and no second copy of the graph kept for torch's
+    `save_cache_artifacts` (`_unrecorded`)."""
+    with inductor.patch(**compile_options(*modules)), sharing(), _unrecorded():
+        yield
+
+
+def _unrecorded() -> contextlib.AbstractContextManager:
+    """Torch records every graph it writes to or reads from its caches, pickled with its constants, in case
+    the process calls `torch.compiler.save_cache_artifacts()`: one more copy of a target's packed weights
+    per graph, for the process's life. Our graphs are cached on disk already; drop the record."""
+    try:
+        from torch.compiler._cache import CacheArtifactManager
+    except ImportError:
+        return contextlib.nullcontext()
+    return CacheArtifactManager.with_fresh_cache()
 
 
 MATMULS = ("template", "autotune", "aten")  # EAGLE_MATMULS: how our graphs lower their matmuls
