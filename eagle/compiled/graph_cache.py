@@ -9,9 +9,9 @@ Two things kept our frozen graphs out of it, and one made reusing them unsafe:
   cannot pickle, so it skipped every graph and each process lowered, generated and loaded them
   all again. Our graphs compile with `cpp.weight_prepack` off (`compile_options`).
 - **The C++ GEMM template without prepacking.** The template, which our graphs take for their
-  matmuls (1.6-2.5x faster than ATen's or oneDNN's at 1-16 rows: docs/speed.md), packs the weights itself into ordinary tensors, but inductor offers it only
-  while `cpp.weight_prepack` is on. `install_template_gemm` lets the matmul lowerings offer it
-  with prepacking off.
+  matmuls (1.5-2.5x faster than ATen's or oneDNN's at 1-16 rows: docs/speed.md), packs the
+  weights itself into ordinary tensors, but inductor offers it only while `cpp.weight_prepack`
+  is on. `install_template_gemm` lets the matmul lowerings offer it with prepacking off.
 - **Weights inside the cached graph.** The cache keys frozen weights by shape and dtype only and
   stores the template's packed copies of them with the graph: a second model of the same shapes
   (another head, a fine-tuned target) would run with the first one's weights. `weights_key`

@@ -5,8 +5,8 @@ packed copy as a constant of the compiled graph: in the graph object's `constant
 global (such as `constant3`) of its generated Python module. Our decoder compiles a graph per
 forward width and cache bucket over the same weights, and the packing does not depend on the
 width: the target's linear layers come out as the same [n / 24, k, 24] fp32 tensors in every
-graph on an AVX2 CPU. So each graph held its own copy, ~1.3 GB for the embedded default in fp32,
-and a bench process with three decoders reached 9.9 GB.
+graph on an AVX2 CPU. Unshared, each graph holds its own copy: ~1.3 GB a graph for the embedded
+default in fp32 (docs/speed.md).
 
 Inside `sharing()`, every graph inductor builds or loads from its cache has its large constants
 replaced by an equal tensor (same dtype, shape and bytes, both contiguous) that an earlier graph

@@ -22,10 +22,10 @@ spans about the context: over a 1,024-row cache for a 224-token context the gain
 - **Fixed widths.** A forward of k tokens is padded to `rows` (the tree budget); padded rows
   attend to themselves only and land in cache rows past the committed ones, which no later
   mask shows. One graph per (bucket, rows, hidden states or not), compiled at its first call
-  with `compile_options` (eagle/compiled/graph_cache.py: the C++ GEMM template's matmuls, and cached on disk
-  for the next process, keyed by the target's weights); under `defer` that call runs eagerly over
-  the same cache and the shape compiles later, between generations (`pending`, `prepare`:
-  eagle/tuning/compile_ahead.py).
+  with `compile_options` (eagle/compiled/graph_cache.py: the C++ GEMM template's matmuls, cached
+  on disk for the next process, keyed by the target's weights); under `defer` that call runs
+  eagerly over the same cache and the shape compiles later, between generations (`pending`,
+  `prepare`: eagle/tuning/compile_ahead.py).
 - **The mask spans the whole bucket** [1, 1, rows, L]: committed rows visible, then the
   `visible` pattern (the tree's ancestors, or 1×1 for a plain step) over the new rows.
 - **Attention** (targets on HF's `sdpa`): the query heads sharing a key/value head attend as rows
