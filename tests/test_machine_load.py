@@ -23,8 +23,9 @@ def _orphans(n: int, seconds: float) -> None:
 
 def test_other_processes_spinning_make_the_timing_busy(monkeypatch):
     monkeypatch.setattr(machine_load, "BUSY", 0.25)  # the default, which conftest lifts for the other tests
-    _orphans(os.cpu_count(), 2.5)
-    time.sleep(0.3)  # they have started
+    n = os.cpu_count()
+    _orphans(n, 3.0 + 0.1 * n)  # one per CPU, still spinning after the last has started
+    time.sleep(0.3)
     with OthersShare() as load:
         time.sleep(1.0)
     assert load.share > 0.25 and load.busy
