@@ -10,9 +10,10 @@ run with the same inductor cache (`TORCHINDUCTOR_CACHE_DIR`) shows what the cach
 
 `--matmuls` compares other lowerings of the linear layers with ours (`template`: frozen weights,
 inductor's C++ GEMM template, nothing timed, eagle/compiled/graph_cache.py): `autotune` (the
-template timed against ATen's matmuls, the faster kept), `aten` (frozen, ATen's matmuls), `inputs` (weights passed to the graph, not frozen), `prepack` (frozen,
-oneDNN's packed weights) and `eager` (not compiled). The peak resident memory is printed too: each
-frozen graph keeps its own copy of the weights in the template's or oneDNN's packing.
+template timed against ATen's matmuls, the faster kept), `aten` (frozen, ATen's matmuls),
+`inputs` (weights passed to the graph, not frozen), `prepack` (frozen, oneDNN's packed weights)
+and `eager` (not compiled). The peak resident memory is printed too: the template's packed weights
+are one copy for all graphs (eagle/compiled/shared_constants.py), oneDNN's one per graph.
 """
 
 from __future__ import annotations

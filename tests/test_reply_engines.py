@@ -19,6 +19,7 @@ from data_prep import reply_engines
 from data_prep.batched_decoding import BatchedDecoding
 from data_prep.data_config import RegenConfig
 from data_prep.regenerate import ReplyGenerator
+from eagle.common.child_process import process_stats, process_tree
 from eagle.targets.tokenizer import load_tokenizer
 from tests.tiny import embedded_target_or_skip
 
@@ -184,19 +185,7 @@ def test_a_terminated_vllm_worker_takes_its_engine_processes_with_it():
 
 def descendants(pid: int) -> list[int]:
     """Every process under `pid` (Linux /proc)."""
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError):
-            continue
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        kids = [c for c, parent in parents.items() if parent == p]
-        out += kids
-        todo += kids
-    return out
+    return process_tree(pid, process_stats())[1:]
 
 
 def alive(pid: int) -> bool:

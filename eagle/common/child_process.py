@@ -111,19 +111,35 @@ class JsonLineChild:
             Path(self.log.name).unlink(missing_ok=True)
 
 
-def rss_mb(pid: int, descendants: bool = False) -> float:
-    """VmRSS of `pid`, with all its descendants or without (Linux /proc), MB."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat") if descendants else ():
+def process_stats(proc: Path = Path("/proc")) -> dict[int, list[str]]:
+    """Every process's /proc/PID/stat fields after its name (state, ppid, ...; utime is [11]): Linux only,
+    empty elsewhere. The name may hold spaces and parentheses, so fields start after its last ')'."""
+    stats = {}
+    for stat in proc.glob("[0-9]*/stat"):
         try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
+            stats[int(stat.parent.name)] = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
             continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    total, todo = 0.0, [pid]
+    return stats
+
+
+def process_tree(pid: int, stats: dict[int, list[str]]) -> list[int]:
+    """`pid` and every process descended from it, among `stats` (`process_stats`)."""
+    children: dict[int, list[int]] = {}
+    for p, fields in stats.items():
+        children.setdefault(int(fields[1]), []).append(p)
+    tree, todo = [], [pid]
     while todo:
         p = todo.pop()
+        tree.append(p)
         todo += children.get(p, [])
+    return tree
+
+
+def rss_mb(pid: int, descendants: bool = False) -> float:
+    """VmRSS of `pid`, with all its descendants or without (Linux /proc), MB."""
+    total = 0.0
+    for p in process_tree(pid, process_stats()) if descendants else [pid]:
         try:
             rss = next(line for line in Path(f"/proc/{p}/status").read_text().splitlines() if line.startswith("VmRSS"))
             total += int(rss.split()[1]) / 1024

@@ -19,6 +19,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from eagle.common.child_process import process_stats, process_tree
+
 BUSY = 0.25  # others' share of the machine above which a timing is not trusted for later processes
 PROC = Path("/proc")
 
@@ -59,22 +61,5 @@ def _snapshot() -> tuple[int, int, int] | None:
 def _tree_jiffies(root: int) -> int:
     """CPU time of `root` and every process descended from it: their threads, and their children that
     ended and were waited for (utime, stime, cutime, cstime)."""
-    parent, spent = {}, {}
-    for entry in PROC.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:  # ended meanwhile
-            continue
-        after_name = stat.rsplit(")", 1)[1].split()  # the name may hold spaces and parentheses
-        pid = int(entry.name)
-        parent[pid], spent[pid] = int(after_name[1]), sum(int(v) for v in after_name[11:15])
-    total = 0
-    for pid, ticks in spent.items():
-        p, seen = pid, 0
-        while p not in (0, root) and p in parent and seen < 64:  # climb to root, or to init
-            p, seen = parent[p], seen + 1
-        if p == root:
-            total += ticks
-    return total
+    stats = process_stats(PROC)
+    return sum(sum(int(v) for v in stats[p][11:15]) for p in process_tree(root, stats) if p in stats)
