@@ -130,8 +130,8 @@ def test_a_preset_written_for_a_base_model_uses_its_familys_template(tmp_path):
 
 
 def test_a_gguf_files_metadata_is_parsed_once_while_converting(tmp_path):
-    """convert_gguf's tokenizer, config and weights share one GGUFReader per file; outside the
-    conversion the library's reader is back."""
+    """convert_gguf's tokenizer, config and weights share one GGUFReader per file, and its modules one
+    tensor-name map per architecture and depth; outside the conversion the library's functions are back."""
     import gguf
     import numpy as np
 
@@ -144,9 +144,13 @@ def test_a_gguf_files_metadata_is_parsed_once_while_converting(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    original = gguf.GGUFReader
+    original, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    llama = gguf.MODEL_ARCH.LLAMA
     with _one_parse():
         first, again, other = gguf.GGUFReader(path), gguf.GGUFReader(str(path)), gguf.GGUFReader(path, "r")
         assert first is again and other is not first
         assert [t.name for t in first.tensors] == ["token_embd.weight"]
-    assert gguf.GGUFReader is original
+        assert gguf.get_tensor_name_map(llama, 2) is gguf.get_tensor_name_map(llama, 2)
+        assert gguf.get_tensor_name_map(llama, 3) is not gguf.get_tensor_name_map(llama, 2)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (original, name_map)
+    assert gguf.get_tensor_name_map(llama, 2) is not gguf.get_tensor_name_map(llama, 2)

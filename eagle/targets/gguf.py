@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 from pathlib import Path
 
 
@@ -12,7 +13,8 @@ def convert_gguf(gguf: Path, out: Path) -> None:
 
     transformers loads a GGUF de-quantized but keeps its `quantization_config`; the model is
     rebuilt from the config without it, so the folder loads like any other. The file's metadata
-    is parsed once (`_one_parse`), not once per tokenizer, config and weights."""
+    is parsed once and its tensor-name map built once (`_one_parse`), not once per tokenizer, config,
+    weights and module."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
@@ -35,12 +37,15 @@ def convert_gguf(gguf: Path, out: Path) -> None:
 
 @contextlib.contextmanager
 def _one_parse():
-    """Within the block, `gguf.GGUFReader(path)` returns one reader per path. transformers reads a
+    """Within the block, `gguf.GGUFReader(path)` returns one reader per path, and
+    `gguf.get_tensor_name_map(arch, blocks)` one map per architecture and depth. transformers reads a
     GGUF file's metadata afresh for its tokenizer, its config and its weights (~2 s each for the
-    embedded default's 49k-token vocabulary); the reader only reads its memory-mapped file."""
+    embedded default's 49k-token vocabulary), and builds the name map again for each of the model's
+    ~400 modules (~4 s in all); the reader only reads its memory-mapped file, and the map is only
+    looked up."""
     import gguf
 
-    made, original = {}, gguf.GGUFReader
+    made, original, name_map = {}, gguf.GGUFReader, gguf.get_tensor_name_map
 
     def reader(path, *args, **kwargs):
         key = (str(path), args, tuple(sorted(kwargs.items())))
@@ -49,7 +54,8 @@ def _one_parse():
         return made[key]
 
     gguf.GGUFReader = reader
+    gguf.get_tensor_name_map = functools.cache(name_map)
     try:
         yield
     finally:
-        gguf.GGUFReader = original
+        gguf.GGUFReader, gguf.get_tensor_name_map = original, name_map
