@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import replace
@@ -181,6 +183,41 @@ def test_a_terminated_vllm_worker_takes_its_engine_processes_with_it():
     while any(alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(1)
     assert not [pid for pid in children if alive(pid)]
+
+
+PARENT = """
+import json, sys, time
+from eagle.common.child_process import JsonLineChild
+child = JsonLineChild([sys.executable, "-c", sys.argv[1]], None, "stand-in worker")
+print(json.dumps({"worker": child.proc.pid, **child.ready}), flush=True)
+time.sleep(600)
+"""
+WORKER = """
+import json, subprocess, sys, time
+sys.path.insert(0, sys.argv[1])
+from vllm_worker import stop_with_parent
+stop_with_parent()
+engine = subprocess.Popen(["sleep", "600"])  # stands in for vLLM's engine core, in the worker's group
+print(json.dumps({"engine": engine.pid}), flush=True)
+time.sleep(600)  # as in a batch: the main thread inside a blocking call
+"""
+
+
+def test_a_vllm_worker_ends_with_its_engine_when_its_parent_is_terminated():
+    """data_prep (the parent) killed by a scheduler's SIGTERM must not leave its reply worker and vLLM's
+    engine processes running: the worker's stop_with_parent (stdlib only) takes its whole group down."""
+    worker_dir = str(Path(reply_engines.WORKER).parent)
+    code = WORKER.replace("sys.argv[1]", repr(worker_dir))
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, code], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
+    pids = json.loads(parent.stdout.readline())
+    assert alive(pids["worker"]) and alive(pids["engine"])
+    parent.send_signal(signal.SIGTERM)
+    parent.wait(timeout=30)
+    deadline = time.monotonic() + 30
+    while (alive(pids["worker"]) or alive(pids["engine"])) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not alive(pids["worker"]) and not alive(pids["engine"])
 
 
 def descendants(pid: int) -> list[int]:
