@@ -21,9 +21,9 @@ token (`plain`, eagle/decoding/plain_step.py). `eagenerate`, `naivegenerate`, `e
 `naive_generate` are its EAGLE-named forms.
 
 Runners (eagle/decoding/runners.py). The decoder reaches the target only through `runner` and the
-head only through `drafter.runner`, each picked once when the model is built: compiled with fixed
-shapes by default (`compile`; eagle/compiled/target_graphs.py `CompiledTarget`: the tree padded to its
-budget over a static KV cache in buckets; eagle/compiled/head_graphs.py `CompiledHead`), or eager
+head only through `drafter.runner`, each picked once when the model is built: compiled by default
+(`compile`; eagle/compiled/target_graphs.py `CompiledTarget`: one graph for every tree width over a
+static KV cache in buckets; eagle/compiled/head_graphs.py `CompiledHead`), or eager
 (eagle/decoding/eager_target.py over HF's DynamicCache with a tree mask per layer type, which targets
 with sliding windows always use; eagle/decoding/eager_head.py). `DecodeState.target_cache` and
 `head_past` hold whatever cache the runners return, and the steps only hand them back.
@@ -360,18 +360,11 @@ class EaModel(nn.Module):
         """Rows of the widest verify forward: the largest tree the settings draw, lookup chain included."""
         return self.settings.total_token + self.settings.lookup
 
-    def _verify_width(self, nodes: int) -> int:
-        """The width a compiled verify forward pads a tree of `nodes` to: the tree budget, or with a
-        lookup chain merged in, `verify_rows` (two graphs: a step without a chain stays narrow)."""
-        return self.settings.total_token if nodes <= self.settings.total_token else self.verify_rows
-
-    def verify(self, state: DecodeState, tree: Tree, rows: int | None = None) -> Verified:
-        """2. One target forward over the tree; appends its N rows to the target cache.
-        rows: compiled forwards pad the tree to this width (default `_verify_width`; one graph per width)."""
+    def verify(self, state: DecodeState, tree: Tree) -> Verified:
+        """2. One target forward over the tree; appends its N rows to the target cache."""
         past, device, n = state.committed, state.ids.device, tree.size
         tokens, positions = tree.tokens.to(device), past + tree.depths.to(device)  # [N]
-        width = max(rows or self._verify_width(n), n)
-        out = self.runner.tree_forward(state.target_cache, tokens, positions, tree, past, width)
+        out = self.runner.tree_forward(state.target_cache, tokens, positions, tree, past)
         return Verified(*self._outputs(out, n))
 
     def accept(self, tree: Tree, verified: Verified, params: SamplingParams = GREEDY) -> tuple[torch.Tensor, int]:
@@ -405,10 +398,9 @@ class EaModel(nn.Module):
         """Keep tree nodes `path` [n] of the target cache after its committed rows (in place)."""
         self.runner.keep_rows(state.target_cache, state.committed, path)
 
-    def step(self, state: DecodeState, tree: Tree, params: SamplingParams = GREEDY,
-             rows: int | None = None) -> tuple[DecodeState, torch.Tensor]:
+    def step(self, state: DecodeState, tree: Tree, params: SamplingParams = GREEDY) -> tuple[DecodeState, torch.Tensor]:
         """verify + accept + commit; consumes `state` (its target cache moves to the new state)."""
-        verified = self.verify(state, tree, rows)
+        verified = self.verify(state, tree)
         path, bonus = self.accept(tree, verified, params)
         return self.commit(state, tree, verified, path, bonus)
 

@@ -1,12 +1,14 @@
-"""`EaModel(compile=True)`: the target's forwards compiled with fixed shapes over a bucketed static
-cache (eagle/compiled/target_graphs.py) give HF generate's greedy output in fp32, for plain decoding and
-for every tree kind, across cache buckets; each shape compiles once."""
+"""`EaModel(compile=True)`: the target's forwards compiled over a bucketed static cache
+(eagle/compiled/target_graphs.py; a static plain step, one dynamic-rows verify graph per bucket) give HF
+generate's greedy output in fp32, for plain decoding and for every tree kind, across cache buckets;
+each graph compiles once."""
 
 import pytest
 import torch
+from torch._dynamo.utils import counters
 from transformers import MistralConfig, MistralForCausalLM
 
-from eagle.compiled.target_graphs import BUCKET, CompiledTarget, bucket, compilable
+from eagle.compiled.target_graphs import ANY_ROWS, BUCKET, CompiledTarget, bucket, compilable
 from eagle.model import EaModel
 from eagle.decoding.eager_head import EagerHead
 from eagle.decoding.eager_target import EagerTarget
@@ -71,29 +73,35 @@ def test_compiled_eagle_decoding_equals_hf_generate_across_buckets(tree):
         assert torch.equal(model.eagenerate(ids, max_new_tokens=new), hf_greedy(target, ids, new)), (tree, seed)
         lengths += model.last_stats.accept_lengths
     assert max(lengths) >= 3
-    assert {size for size, _, _ in model.compiled.shapes} == {256, 512}
-    widths = {rows for _, rows, hidden in model.compiled.shapes if hidden}  # a step with a lookup chain is wider
-    assert model.verify_rows in widths and widths <= {model.settings.total_token, model.verify_rows}
+    assert {s for s in model.compiled.shapes if s[2]} == {(256, ANY_ROWS, True), (512, ANY_ROWS, True)}
 
 
-def test_padded_rows_do_not_change_the_trees_logits():
-    """A compiled verify padded to 32 rows gives the eager verify's logits and features for the tree's rows,
-    and commits the same cache rows (fp32)."""
+def test_one_verify_graph_serves_every_tree_width_with_eagers_logits():
+    """Trees of 6, 1 (padded to 2), 11 and 3 nodes through one compiled graph: the eager verify's logits and
+    features, and the same committed cache rows (fp32); the widths after the first compile nothing."""
     target, head = near_bigram_pair(5)
     eager = EaModel(target, head, settings=FIXED)
     compiled = EaModel(target, head, settings=FIXED, compile=True)
     ids = prompt(3, 30)
     tree = build_tree(torch.tensor([5, 9, 11, 9, 40, 7]), torch.tensor([-1, 0, 0, 1, 1, 3]))
+    graphs = []
     with torch.inference_mode():
         outs = []
         for model in (eager, compiled):
             state, _ = model.prefill(ids)
-            verified = model.verify(state, tree, rows=32)
-            state, new = model.commit(state, tree, verified, torch.tensor([0, 1, 3]), 17)
-            after = model.verify(state, build_tree(state.root, torch.tensor([-1])), rows=8)
-            outs.append((verified.logits, verified.features, new, after.logits))
+            verified = model.verify(state, tree)
+            state, new = model.commit(state, tree, verified, torch.tensor([0, 1, 3]), 17)  # the head's graphs too
+            graphs.append(counters["stats"]["unique_graphs"])
+            after = []
+            for n in (1, 11, 3):  # chains of n nodes
+                after.append(model.verify(state, build_tree(state.root.expand(n).contiguous(),
+                                                             torch.arange(-1, n - 1))).logits)
+                model.discard(state)
+            graphs.append(counters["stats"]["unique_graphs"])
+            outs.append((verified.logits, verified.features, new, *after))
     for a, b in zip(*outs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert graphs[3] == graphs[2] and compiled.compiled.shapes == {(256, ANY_ROWS, True)}
 
 
 def test_compiled_sampling_draws_what_eager_sampling_draws():
@@ -122,8 +130,8 @@ def test_targets_with_sliding_windows_stay_eager():
 
 
 def test_auto_budget_times_the_compiled_widths_and_decodes_losslessly(tmp_path, monkeypatch):
-    """Compiled, the tuner times verify forwards at COMPILED_SIZES only (a graph per width), stores the pick
-    under a key of its own, and the tuned decoder gives HF's tokens."""
+    """Compiled, the tuner times verify forwards at COMPILED_SIZES (all through the one dynamic-rows graph),
+    stores the pick under a key of its own, and the tuned decoder gives HF's tokens."""
     from eagle.tuning.tuner import COMPILED_SIZES
 
     monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
@@ -131,7 +139,7 @@ def test_auto_budget_times_the_compiled_widths_and_decodes_losslessly(tmp_path, 
     model = EaModel.from_modules(target, head, settings=TreeSettings(top_k=4), compile=True, background=False)
     assert sorted(model.tuning.verify_ms) == list(COMPILED_SIZES)
     assert model.settings.total_token in (1, *COMPILED_SIZES)  # 1: plain steps were the fastest
-    assert {rows for _, rows, hidden in model.compiled.shapes if hidden} >= set(COMPILED_SIZES)
+    assert (256, ANY_ROWS, True) in model.compiled.shapes  # every width timed through one graph
     eager = EaModel.from_modules(target, head, settings=TreeSettings(top_k=4), compile=False, background=False)
     assert len(list((tmp_path / "tree-budgets").glob("*.json"))) == 2  # compiled and eager costs differ
     ids = prompt(6, 15)

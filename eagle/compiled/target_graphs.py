@@ -2,14 +2,14 @@
 
     runner = CompiledTarget.of(target)               # one per target module, shared by its decoders
     out, cache = runner.prefill(input_ids, room=32)  # eager, into the bucket of prompt + room (cache: runner)
-    out = runner.tree_forward(cache, tokens, positions, tree, past, width=32)   # compiled, padded to 32
+    out = runner.tree_forward(cache, tokens, positions, tree, past)   # compiled, any tree width
     runner.keep_rows(cache, past, accepted)          # keep the accepted rows, in place
     logits, cache = runner.plain_prefill(input_ids)  # plain decoding: eager prompt, then
     logits = runner.plain_step(cache, token, past)   # compiled one-token forwards
 
 These are the `TargetRunner` methods (eagle/decoding/runners.py) the eager runner has too
 (eagle/decoding/eager_target.py); they all go through `forward(tokens, positions, visible, past,
-rows, hidden)`, the one compiled call.
+hidden)`, the one compiled call.
 
 Why this shape (docs/speed.md): on a CPU, a forward
 compiled with `fullgraph=True`, `dynamic=False` and inductor's `freezing` runs 1.4× (one token)
@@ -19,13 +19,19 @@ spans about the context: over a 1,024-row cache for a 224-token context the gain
 - **Cache in length buckets.** One `StaticCache` per size 256 · 2^i rows, kept for the process
   (a new StaticCache per call made the graph read the old one: HF marks its tensors as static
   addresses). A forward that would run past the end moves the committed rows into the next bucket.
-- **Fixed widths.** A forward of k tokens is padded to `rows` (the tree budget); padded rows
-  attend to themselves only and land in cache rows past the committed ones, which no later
-  mask shows. One graph per (bucket, rows, hidden states or not), compiled at its first call
-  with `compile_options` (eagle/compiled/graph_cache.py: the C++ GEMM template's matmuls, cached
-  on disk for the next process, keyed by the target's weights); under `defer` that call runs
-  eagerly over the same cache and the shape compiles later, between generations (`pending`,
-  `prepare`: eagle/tuning/compile_ahead.py).
+- **One graph per bucket for every tree width.** A verify forward (with hidden states) of k
+  tokens runs k rows (a one-node tree is padded to 2, the smallest dynamic width): its row count
+  is a dynamic dimension (`torch._dynamo.mark_dynamic`, 2..MAX_ROWS), so one graph serves the
+  tuner's widths, every tree and every tree with a lookup chain. The C++ GEMM template takes a
+  dynamic row count: at 1-16 rows the dynamic graph ran within 0-5 % of one graph per width, and
+  a new machine compiles one verify graph where it compiled five (docs/speed.md). The plain step
+  (one row, no hidden states) keeps a static graph of its own, its fastest. A padded row attends
+  to itself only and lands in a cache row past the committed ones, which no later mask shows.
+  Graphs are keyed (bucket, rows, hidden), rows ANY_ROWS for the dynamic one, and compile at
+  their first call with `compile_options` (eagle/compiled/graph_cache.py: the C++ GEMM template's
+  matmuls, cached on disk for the next process, keyed by the target's weights); under `defer`
+  that call runs eagerly over the same cache and the shape compiles later, between generations
+  (`pending`, `prepare`: eagle/tuning/compile_ahead.py).
 - **The mask spans the whole bucket** [1, 1, rows, L]: committed rows visible, then the
   `visible` pattern (the tree's ancestors, or 1×1 for a plain step) over the new rows.
 - **Attention** (targets on HF's `sdpa`): the query heads sharing a key/value head attend as rows
@@ -59,6 +65,11 @@ from eagle.decoding.tree import Tree
 
 log = logging.getLogger("eagle")
 BUCKET = 256  # rows of the smallest cache
+MIN_ROWS, MAX_ROWS = 2, 256  # the dynamic verify graph's row counts (a one-node tree is padded to 2)
+ANY_ROWS = 0  # the rows of the dynamic graph's shape key
+PREPARE_ROWS = 8  # the width `prepare` compiles the dynamic graph at (inductor's size hint)
+# the dynamic dimension of each argument of a verify forward: its rows
+ROW_DIMS = (("input_ids", 1), ("position_ids", 1), ("cache_position", 0), ("attention_mask", 2))
 
 
 def allow_a_graph_per_shape() -> None:
@@ -115,7 +126,7 @@ class CompiledTarget:
         if self.grouped:
             install_grouped_sdpa()
         self.compile_seconds = 0.0  # the first calls of each shape, summed
-        self.shapes: set[tuple[int, int, bool]] = set()  # (bucket, rows, hidden) compiled so far
+        self.shapes: set[tuple[int, int, bool]] = set()  # (bucket, rows or ANY_ROWS, hidden) compiled so far
         self.defer = False  # True: a shape not compiled yet runs eagerly and waits in `missing` (see `prepare`)
         self.missing: set[tuple[int, int, bool]] = set()  # shapes run eagerly, to compile between generations
         self.reached = 0  # rows the latest forward filled (past + rows)
@@ -139,11 +150,11 @@ class CompiledTarget:
         return self._prompt(input_ids, room, hidden=True), self
 
     def tree_forward(self, cache: CompiledTarget, tokens: torch.Tensor, positions: torch.Tensor, tree: Tree,
-                     past: int, width: int) -> object:
-        """The tree's tokens [N] at positions [N] after `past` rows, compiled, padded to `width` rows;
-        HF's output over the `width` rows, with hidden states. cache: this runner."""
+                     past: int) -> object:
+        """The tree's tokens [N] at positions [N] after `past` rows, compiled (the dynamic-rows graph);
+        HF's output over max(N, 2) rows, with hidden states. cache: this runner."""
         with record_function("eagle.verify.forward"):
-            return self.forward(tokens, positions, tree.ancestors, past, width, hidden=True)
+            return self.forward(tokens, positions, tree.ancestors, past, hidden=True)
 
     def keep_rows(self, cache: CompiledTarget, past: int, accepted: torch.Tensor) -> None:
         """Move rows past + accepted [n] to past.. in every layer; the next forward writes after them.
@@ -163,7 +174,7 @@ class CompiledTarget:
     def plain_step(self, cache: CompiledTarget, token: torch.Tensor, past: int) -> torch.Tensor:
         """One token [1] at position `past`, compiled (one row, no hidden states); its logits [V]."""
         positions = torch.full((1,), past, dtype=torch.long, device=token.device)  # [1]
-        return self.forward(token, positions, torch.ones(1, 1, dtype=torch.bool), past, 1, hidden=False).logits[0, -1]
+        return self.forward(token, positions, torch.ones(1, 1, dtype=torch.bool), past, hidden=False).logits[0, -1]
 
     def _prompt(self, input_ids: torch.Tensor, room: int, hidden: bool):
         """Eager forward of the prompt [1, S] into the bucket that holds it and `room` more rows; HF's output."""
@@ -172,14 +183,16 @@ class CompiledTarget:
         return self.target(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
                            output_hidden_states=hidden)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, past: int, rows: int,
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, past: int,
                 hidden: bool):
-        """Compiled forward of tokens [k] at positions [k] after `past` committed rows, padded to `rows`;
-        visible [k, k] bool: which new rows each attends to. Writes cache rows past..past+rows-1 and
-        returns HF's output over the `rows` (the first k are the tokens')."""
+        """Compiled forward of tokens [k] at positions [k] after `past` committed rows; visible [k, k] bool:
+        which new rows each attends to. With hidden states (a verify): the dynamic-rows graph, k padded to
+        MIN_ROWS; without (a plain step): a static graph of k rows. Writes cache rows past..past+rows-1
+        and returns HF's output over the rows (the first k are the tokens')."""
         k = tokens.numel()
-        if k > rows:
-            raise ValueError(f"{k} tokens do not fit a forward of {rows} rows")
+        rows = max(k, MIN_ROWS) if hidden else k
+        if rows > MAX_ROWS:
+            raise ValueError(f"a compiled forward takes at most {MAX_ROWS} tokens, not {k}")
         if past + rows > self.size:
             self._grow(past, bucket(past + rows))
         tokens, positions = _pad(tokens, rows, 0), _pad(positions, rows, past)  # [rows]
@@ -187,15 +200,17 @@ class CompiledTarget:
         return self._run(tokens, positions, self._mask(visible, past, rows), past, rows, hidden)
 
     def pending(self) -> list[tuple[int, int, bool]]:
-        """(bucket, rows, hidden) shapes worth compiling before the next generation (`pending_shapes`)."""
+        """(bucket, rows or ANY_ROWS, hidden) shapes worth compiling before the next generation (`pending_shapes`)."""
         size = self.size if self.cache is not None else None
         return pending_shapes(self.missing, self.shapes, size, self.reached,
                               lambda s: (2 * size, *s[1:]) if s[0] == size else None)
 
     def prepare(self, shape: tuple[int, int, bool]) -> None:
-        """Compile one (bucket, rows, hidden) shape by a forward of padding tokens in that bucket. Only between
-        generations: it writes rows of that bucket's cache that the next prompt overwrites."""
+        """Compile one (bucket, rows or ANY_ROWS, hidden) shape by a forward of padding tokens in that bucket
+        (PREPARE_ROWS of them for the dynamic graph). Only between generations: it writes rows of that
+        bucket's cache that the next prompt overwrites."""
         size, rows, hidden = shape
+        rows = rows or PREPARE_ROWS
         keep, self.cache = self.cache, self._bucket(size)
         try:
             for layer, ref in zip(self.cache.layers, keep.layers, strict=True):
@@ -213,10 +228,11 @@ class CompiledTarget:
     def _run(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, past: int, rows: int,
              hidden: bool, compile_now: bool = False):
         """The forward of tokens [rows] at positions [rows] with mask [1, 1, rows, L] after `past` rows of the
-        bucket in use: through its compiled graph; a shape not compiled yet compiles now, or under `defer`
-        (and not compile_now) runs eagerly over the same cache and joins `missing`."""
+        bucket in use: through its compiled graph (`hidden`: the dynamic-rows one); a shape not compiled yet
+        compiles now, or under `defer` (and not compile_now) runs eagerly over the same cache and joins
+        `missing`."""
         self._seek(past)
-        shape = (self.size, rows, hidden)
+        shape = (self.size, ANY_ROWS if hidden else rows, hidden)
         compiling = shape not in self.shapes
         kwargs = dict(input_ids=tokens[None], position_ids=positions[None],
                       cache_position=torch.arange(past, past + rows, device=tokens.device), attention_mask=mask,
@@ -225,9 +241,12 @@ class CompiledTarget:
         if compiling and self.defer and not compile_now:
             self.missing.add(shape)
             return self.target(**kwargs)
+        if hidden:
+            for name, dim in ROW_DIMS:
+                torch._dynamo.mark_dynamic(kwargs[name], dim, min=MIN_ROWS, max=MAX_ROWS)
         if compiling:
-            log.info("compiling the target's forward of %d rows over a %d-row cache (once per process)", rows,
-                     self.size)
+            what = f"{MIN_ROWS}-{MAX_ROWS} rows" if hidden else f"{rows} row{'s' * (rows > 1)}"
+            log.info("compiling the target's forward of %s over a %d-row cache (once per process)", what, self.size)
         start = time.perf_counter()
         with compiled_call(compiling, self.target):
             out = self._compiled(**kwargs)

@@ -35,10 +35,10 @@ class EagerTarget:
         commit_cache(cache, input_ids.shape[1], torch.zeros(0, dtype=torch.long))  # sliding layers: their window
         return out, cache
 
-    def tree_forward(self, cache: DynamicCache, tokens: torch.Tensor, positions: torch.Tensor, tree: Tree, past: int,
-                     width: int) -> object:
-        """The tree's tokens [N] at positions [N] over the cache's `past` rows; appends N rows (no padding:
-        `width` is a compiled runner's concern). HF output with hidden states."""
+    def tree_forward(self, cache: DynamicCache, tokens: torch.Tensor, positions: torch.Tensor, tree: Tree,
+                     past: int) -> object:
+        """The tree's tokens [N] at positions [N] over the cache's `past` rows; appends N rows. HF output
+        with hidden states."""
         with record_function("eagle.verify.mask"):
             mask = self.tree_masks(tree, cache, past, tokens.device)
         with record_function("eagle.verify.forward"):

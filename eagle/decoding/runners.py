@@ -6,14 +6,14 @@ eagle/compiled/head_graphs.py `CompiledHead`). The decoder picks one of each whe
 after that no step asks which kind it holds.
 
     out, cache = runner.prefill(input_ids, room)                     # the prompt [1, S], hidden states
-    out = runner.tree_forward(cache, tokens, positions, tree, past, width)   # a tree of N nodes
+    out = runner.tree_forward(cache, tokens, positions, tree, past)   # a tree of N nodes
     runner.keep_rows(cache, past, path)                              # keep nodes `path` [n] (empty: none)
     logits, cache = runner.plain_prefill(input_ids)                  # plain decoding: logits [V]
     logits = runner.plain_step(cache, token, past)                   # one token [1] -> logits [V]
 
 `cache` is what `DecodeState.target_cache` holds: eager, the generation's `DynamicCache`; compiled,
 the runner itself (its bucketed static cache, one generation at a time). `out` is HF's model
-output; the compiled runner's rows past the tree's N are padding up to `width`.
+output; the compiled runner pads a one-node tree to 2 rows.
 
     past = head.start(kv)                                            # a prompt's head cache, eager
     hidden, past = head.encode(embeds, features, positions, allowed, past)
@@ -40,10 +40,10 @@ class TargetRunner(Protocol):
     def prefill(self, input_ids: torch.Tensor, room: int) -> tuple[Any, Any]:
         """The prompt [1, S] with hidden states into a new cache with `room` more rows; (HF output, cache)."""
 
-    def tree_forward(self, cache: Any, tokens: torch.Tensor, positions: torch.Tensor, tree: Tree, past: int,
-                     width: int) -> Any:
+    def tree_forward(self, cache: Any, tokens: torch.Tensor, positions: torch.Tensor, tree: Tree,
+                     past: int) -> Any:
         """The tree's tokens [N] at positions [N] after `past` committed rows, each attending to the
-        committed rows and its ancestors; appends N rows (compiled: `width` >= N, padded). HF output."""
+        committed rows and its ancestors; appends N rows (compiled: at least 2). HF output."""
 
     def keep_rows(self, cache: Any, past: int, path: torch.Tensor) -> None:
         """Keep the tree rows of nodes `path` [n] (root first) after `past` committed rows, in place."""

@@ -69,7 +69,7 @@ from eagle.decoding.tree import Tree, build_tree, reindex_parents, select_nodes
 log = logging.getLogger("eagle")
 
 SIZES = (8, 12, 16, 24, 32, 48, 64)
-COMPILED_SIZES = (2, 4, 8, 16, 32)  # compiled: each width a graph (~100-130 s to compile and autotune; ~20 s cached)
+COMPILED_SIZES = (2, 4, 8, 16, 32)  # compiled: timed on the target's one dynamic-rows graph
 DEPTHS = (1, 2, 3, 4, 5, 6, 7)
 PLAIN = "plain"  # the plain step's key among the timed forwards
 CHAIN_LENGTHS = (1, 2, 3, 4, 6, 8, 10, 12, 16)  # prompt-lookup chains scored
@@ -258,7 +258,7 @@ def _calibration_step(model, state, sizes, depths, accepted) -> tuple[object, fl
     kept = select_nodes(scores, parents, sizes[-1] - 1)
     tree = build_tree(torch.cat([state.root, tokens[kept]]), reindex_parents(kept, parents))
     start = time.perf_counter()
-    logits = model.verify(state, tree, rows=sizes[-1]).logits
+    logits = model.verify(state, tree).logits
     verify = time.perf_counter() - start
     model.discard(state)  # the real step below verifies again
     correct = _correct_candidates(tree, logits.argmax(-1).cpu(), kept, scores.numel())  # [M] bool
@@ -271,7 +271,7 @@ def _calibration_step(model, state, sizes, depths, accepted) -> tuple[object, fl
             ok = correct[chosen]
             accepted[(n, d)].append(1 + (int(depth[chosen][ok].max()) if bool(ok.any()) else 0))
     start = time.perf_counter()
-    state, _ = model.step(state, tree, rows=sizes[-1])
+    state, _ = model.step(state, tree)
     return state, time.perf_counter() - start - verify
 
 
@@ -299,7 +299,7 @@ def _depths(parents: torch.Tensor) -> torch.Tensor:
 def _verify_only(model, state, n: int) -> None:
     """One target forward over an n-token tree (a chain repeating the root), then drop its rows."""
     chain = build_tree(state.root.expand(n).contiguous(), torch.arange(-1, n - 1))
-    model.verify(state, chain, rows=n)
+    model.verify(state, chain)
     model.discard(state)
 
 
