@@ -39,6 +39,24 @@ def test_muon_takes_the_weight_matrices_and_leaves_vocabulary_matrices_norms_and
         build_optimizer(head, config("muon"), zero_stage=2)
 
 
+def test_muon_orthogonalizes_in_fp32_on_a_cpu_without_bf16_arithmetic(monkeypatch):
+    """DeepSpeed's CPU accelerator claims bf16 everywhere; on AVX2 its bf16 Newton-Schulz took 54 s a step
+    against 2.0 s in fp32. Built for such a CPU, Muon computes in fp32; where bf16 is native, as DeepSpeed chose."""
+    from deepspeed.runtime.zero.muon import original_muon
+
+    import train.optimizers as optimizers
+
+    monkeypatch.setattr(original_muon, "ns_compute_dtype", original_muon.ns_compute_dtype)  # restored afterwards
+    chosen = original_muon.ns_compute_dtype
+    own = getattr(chosen, "deepspeed_own", chosen)("standard")  # DeepSpeed's choice (an earlier build may wrap it)
+    monkeypatch.setattr(optimizers, "native_bf16", lambda device: False)
+    build_optimizer(Head(), config("muon"))
+    assert original_muon.ns_compute_dtype("standard") == torch.float32
+    assert optimizers.newton_schulz_dtype(torch.device("cuda")) == own  # a GPU: DeepSpeed's choice
+    monkeypatch.setattr(optimizers, "native_bf16", lambda device: True)
+    assert optimizers.newton_schulz_dtype(torch.device("cpu")) == own
+
+
 @pytest.mark.parametrize("name", ["fc.weight", "down.weight"])
 def test_a_muon_step_is_torchs_muon_with_match_rms_adamw(name):
     """Three steps on a wide and a tall matrix: the same update as torch's Muon up to its bf16
@@ -104,3 +122,14 @@ def test_muon_on_two_ranks_steps_exactly_as_on_one(tmp_path):
     for name, p in weights[2].items():
         assert torch.equal(p, weights[1][name]), name
         assert not torch.equal(p, start[name]), name
+
+
+def test_the_newton_schulz_benchmark_times_the_muon_matrices_of_a_head_in_both_dtypes(tmp_path):
+    from safetensors.torch import save_file
+
+    from experiments.newton_schulz import main
+
+    save_file({"fc.weight": torch.randn(8, 24), "lm_head.weight": torch.randn(40, 8), "norm.weight": torch.ones(8)},
+              str(tmp_path / "model.safetensors"))
+    result = main([str(tmp_path), "--rounds", "1"])
+    assert result["matrices"] == [[8, 24]] and result["float32_s"] > 0 and result["bfloat16_s"] > 0
