@@ -23,7 +23,7 @@ spans about the context: over a 1,024-row cache for a 224-token context the gain
   tokens runs k rows (a one-node tree is padded to 2, the smallest dynamic width): its row count
   is a dynamic dimension (`torch._dynamo.mark_dynamic`, 2..MAX_ROWS), so one graph serves the
   tuner's widths, every tree and every tree with a lookup chain. The C++ GEMM template takes a
-  dynamic row count: at 1-16 rows the dynamic graph ran within 0-5 % of one graph per width, and
+  dynamic row count: at 2-16 rows the dynamic graph ran 2-5 % slower than a graph per width, and
   a new machine compiles one verify graph where it compiled five (docs/speed.md). The plain step
   (one row, no hidden states) keeps a static graph of its own, its fastest. A padded row attends
   to itself only and lands in a cache row past the committed ones, which no later mask shows.
