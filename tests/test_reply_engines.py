@@ -188,7 +188,7 @@ def test_a_terminated_vllm_worker_takes_its_engine_processes_with_it():
 PARENT = """
 import json, sys, time
 from eagle.common.child_process import JsonLineChild
-child = JsonLineChild([sys.executable, "-c", sys.argv[1]], None, "stand-in worker")
+child = JsonLineChild([sys.executable, "-c", *sys.argv[1:]], None, "stand-in worker")  # WORKER and its folder
 print(json.dumps({"worker": child.proc.pid, **child.ready}), flush=True)
 time.sleep(600)
 """
@@ -207,8 +207,7 @@ def test_a_vllm_worker_ends_with_its_engine_when_its_parent_is_terminated():
     """data_prep (the parent) killed by a scheduler's SIGTERM must not leave its reply worker and vLLM's
     engine processes running: the worker's stop_with_parent (stdlib only) takes its whole group down."""
     worker_dir = str(Path(reply_engines.WORKER).parent)
-    code = WORKER.replace("sys.argv[1]", repr(worker_dir))
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, code], stdout=subprocess.PIPE, text=True,
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, WORKER, worker_dir], stdout=subprocess.PIPE, text=True,
                               cwd=Path(__file__).resolve().parents[1])
     pids = json.loads(parent.stdout.readline())
     assert alive(pids["worker"]) and alive(pids["engine"])
