@@ -68,7 +68,9 @@ class ParityJudge:
         accept = pooled.acceptance_by_depth()
         if name == "chain3":  # every position of the chain, also those never reached
             accept += [0.0] * (self.spec_tokens - len(accept))
-        return {f"{name}_tau": pooled.tau, f"{name}_accept": accept, f"{name}_seconds": time.perf_counter() - start}
+        seconds = time.perf_counter() - start
+        log.info("  our %s: tau %.2f over %d prompts (%.0f s)", name, pooled.tau, len(self.prompts), seconds)
+        return {f"{name}_tau": pooled.tau, f"{name}_accept": accept, f"{name}_seconds": seconds}
 
     def _vllm(self, head_dir: Path, config) -> dict:
         if not self.vllm:
@@ -82,6 +84,7 @@ class ParityJudge:
         except ConsumerMissing as e:
             return {"vllm_skipped": str(e)}
         drafts = max(got["drafts"], 1)
+        log.info("  vLLM, %d speculative tokens: tau %.2f", self.spec_tokens, got["mean_acceptance_length"])
         return {"vllm_tau": got["mean_acceptance_length"],
                 "vllm_accept": [n / drafts for n in got["accepted_per_position"]], "vllm": got["vllm"]}
 
