@@ -43,6 +43,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from eagle.common import progress
+from eagle.common.openmp_team import release_team
 from eagle.tuning import budget_cache
 from eagle.tuning.machine_load import OthersShare
 from eagle.tuning.tuner import DEPTHS, SIZES, TreeBudget, describe, tune_tree
@@ -220,6 +221,7 @@ class EaModel(nn.Module):
         """Wait for the background preparation and take over its settings and compiled runners now;
         False when `timeout` seconds pass first."""
         if self.warmup is not None:
+            release_team()  # the background work has the cores while this thread waits (eagle/common/openmp_team.py)
             if not self.warmup.done.wait(timeout):
                 return False
             adopt(self)

@@ -1,8 +1,12 @@
 """Work that runs beside the foreground decoding, in a daemon thread, only while the model is idle.
 
     work = SomeWork(...).start()      # a `BackgroundWork` subclass: its `_work` runs in the thread
-    work.idle.clear() ... work.idle.set()   # the model says when it generates; `_work` calls `pause()`
+    work.idle.clear() ... work.resume()     # the model says when it generates; `_work` calls `pause()`
     work.done.wait(); work.error      # None, or why it ended early
+
+Only one thread's OpenMP team lives at a time (eagle/common/openmp_team.py): the work releases its
+team before it waits for the model, and the model releases its own when it hands over (`start`,
+`resume`); two teams on a 2-core machine made both threads' compiled forwards ~2x slower.
 
 Two kinds: the first preparation of a model (eagle/tuning/warmup.py: tune, then compile) and the
 graphs a conversation reaches later (eagle/tuning/compile_ahead.py). Both hold `runner_lock` while
@@ -22,6 +26,7 @@ import weakref
 import torch
 from torch import nn
 
+from eagle.common.openmp_team import release_team
 from eagle.compiled.target_graphs import allow_a_graph_per_shape
 
 log = logging.getLogger("eagle")
@@ -82,6 +87,7 @@ class BackgroundWork:
         self.thread = threading.Thread(target=self._run, name=f"eagle-{type(self).__name__.lower()}", daemon=True)
 
     def start(self):
+        release_team()  # the caller's OpenMP workers would slow the thread's forwards (module docstring)
         self.thread.start()
         atexit.register(self.stop)
         return self
@@ -98,11 +104,20 @@ class BackgroundWork:
         self.generated.set()
         self.thread.join()
 
+    def resume(self) -> None:
+        """The foreground model's generation has ended: the work may go on, and has the cores (the calling
+        thread's OpenMP workers end)."""
+        release_team()
+        self.idle.set()
+
     def pause(self) -> None:
         """Wait until the foreground model is not generating: compiling beside a generation would slow it
-        several-fold, and timing beside one would measure both."""
+        several-fold, and timing beside one would measure both. While it waits, this thread holds no OpenMP
+        workers (they would make the generation's own sleep between its parallel regions)."""
         self.working = False
-        self.idle.wait()
+        if not self.idle.is_set():
+            release_team()
+            self.idle.wait()
         if self.stopping:
             raise Stopped
         self.working = True

@@ -26,13 +26,14 @@ from eagle.tuning.tuner import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget
 from eagle.targets.resolve import cache_dir
 
 # Bump when the tuner's measurement changes, so old picks are not reused.
-VERSION = 9  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;
+VERSION = 10  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;
 #            4: the head and its scorer compiled (draft and rest of a step cost less);
 #            5: the plain step timed in the verify widths' rounds (it was timed back to back, too fast);
 #            6: every compiled width autotuned to the C++ GEMM template (wide verifies cost less);
 #            7: rows with a prompt-lookup chain, plain decoding always a candidate;
 #            8: compiled matmuls take the C++ GEMM template untimed (EAGLE_MATMULS joins the key);
-#            9: one verify graph with a dynamic row count, a step verifies its own rows (no padding)
+#            9: one verify graph with a dynamic row count, a step verifies its own rows (no padding);
+#            10: the background tuner times with the only OpenMP team (eagle/common/openmp_team.py)
 
 
 def tuned_sizes(model) -> tuple[int, ...]:

@@ -70,7 +70,7 @@ def compiled_generation(model):
                 yield
     finally:
         if ahead is not None:
-            ahead.idle.set()
+            ahead.resume()
     if model.compile_ahead:
         start_if_pending(model)
 

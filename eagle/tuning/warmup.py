@@ -17,7 +17,7 @@ that share a target runs one at a time, and a generation uses the compiled runne
 warm-up holds them (`runner_lock`): compiled runners keep one KV cache per target.
 
     warmup = Warmup(view, tune=True)        # EaModel starts it
-    warmup.idle.clear() ... warmup.idle.set()   # the model says when it generates
+    warmup.idle.clear() ... warmup.resume()     # the model says when it generates
     warmup.done.wait(); warmup.view.settings  # the tuned settings
 """
 
@@ -79,7 +79,7 @@ def generation(model):
             with reply_beside_work(one_thread=warmup.working):
                 yield
         finally:
-            warmup.idle.set()
+            warmup.resume()
             warmup.generated.set()
     elif model.runner is model.compiled and model.compiled is not None:
         with compiled_generation(model):
