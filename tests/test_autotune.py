@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from eagle.tuning.tuner import TreeBudget, choose, fastest_ms, monotone_costs
+from eagle.tuning.tuner import PLAIN, TreeBudget, choose, fastest_ms, forward_costs, monotone_costs
 
 
 def test_monotone_costs_keep_rising_costs_and_a_kink():
@@ -23,6 +23,16 @@ def test_monotone_costs_share_out_a_slow_measurement():
     falling = monotone_costs({3: 20.0, 5: 12.0, 7: 10.0})
     assert falling == pytest.approx({3: 14.0, 5: 14.0, 7: 14.0})  # a falling run pools to its mean
     assert monotone_costs({4: 7.0}) == {4: 7.0}
+
+
+def test_a_plain_step_costs_no_more_than_a_two_row_verify():
+    """The AVX2 bench's EAGLE-3 tune: plain timed at 31.8 ms beside a 2-row verify at 29.2 (25.3 a minute
+    before): pooled, so the 2-node tree no longer looks 7 % faster than plain steps."""
+    plain, verify = forward_costs({PLAIN: 31.8, 2: 29.2, 4: 35.8, 8: 47.2})
+    assert plain == pytest.approx(30.5) and verify[2] == pytest.approx(30.5)
+    assert verify[4] == 35.8 and verify[8] == 47.2
+    plain, verify = forward_costs({PLAIN: 25.3, 2: 30.7, 4: 39.8})
+    assert plain == 25.3 and verify == {2: 30.7, 4: 39.8}  # a cheaper plain step stays as measured
 
 
 def test_fastest_ms_interleaves_rounds_and_keeps_each_keys_fastest():

@@ -33,7 +33,8 @@ VERSION = 10  # 2: plain decoding is a candidate; 3: draft costs per pool width,
 #            7: rows with a prompt-lookup chain, plain decoding always a candidate;
 #            8: compiled matmuls take the C++ GEMM template untimed (EAGLE_MATMULS joins the key);
 #            9: one verify graph with a dynamic row count, a step verifies its own rows (no padding);
-#            10: the background tuner times with the only OpenMP team (eagle/common/openmp_team.py)
+#            10: the background tuner times with the only OpenMP team (eagle/common/openmp_team.py),
+#                the plain step costs no more than a 2-row verify (`forward_costs`)
 
 
 def tuned_sizes(model) -> tuple[int, ...]:

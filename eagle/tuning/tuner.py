@@ -29,7 +29,8 @@ the head. `tune_tree` measures both sides at load time:
    one-node tree without lookup by plain steps. Timed apart, back to back, a compiled plain step
    ran ~2 ms faster than between the other forwards (each frozen graph packs its own weights, so
    one graph repeated keeps them warm), and the tuner picked plain steps where a 4-node tree
-   decoded 1.15x faster end to end (docs/speed.md).
+   decoded 1.15x faster end to end (docs/speed.md). A plain step is a one-row forward, so its cost
+   joins the verify widths' non-decreasing fit as width 1 (`forward_costs`).
 
 4. **The prompt-lookup chain** (eagle/decoding/prompt_lookup.py). Whether a chain of L tokens
    would have been accepted depends only on the greedy text, which calibration has decoded: at
@@ -144,9 +145,7 @@ def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, dep
     # timed in the same rounds as the verify widths: alike, or a burst of load favours one side
     model.plain.prefill(state.ids[:, :-1])
     forwards[PLAIN] = lambda: _plain_only(model, state)
-    ms = fastest_ms(forwards, repeats, pause)
-    plain_ms = ms.pop(PLAIN)
-    verify_ms = monotone_costs(ms)
+    plain_ms, verify_ms = forward_costs(fastest_ms(forwards, repeats, pause))
     width = {n: draft_width(n, model.settings.top_k) for n in sizes}
     draft_ms = _draft_costs(model, state, sorted(set(width.values())), depths, repeats, pause)
     budget = TreeBudget(0, 0, 0.0, [], verify_ms, draft_ms, max(0.0, statistics.median(rest) * 1e3), plain_ms,
@@ -222,6 +221,14 @@ def fastest_ms(fns: dict[object, Callable[[], None]], rounds: int,
             if r:
                 best[key] = min(best[key], (time.perf_counter() - start) * 1e3)
     return best
+
+
+def forward_costs(ms: dict[object, float]) -> tuple[float, dict[int, float]]:
+    """(plain step ms, {verify width: ms}) from the fastest timings of both: the plain step is one row,
+    so it joins the widths' `monotone_costs` as width 1 (a plain step timed above a 2-row verify was a
+    burst of load, and made the tuner pick a 2-node tree that decoded at 0.95x plain speed)."""
+    costs = monotone_costs({1 if key == PLAIN else key: v for key, v in ms.items()})
+    return costs.pop(1), costs
 
 
 def monotone_costs(ms: dict[int, float]) -> dict[int, float]:
