@@ -150,7 +150,10 @@ def test_a_gguf_files_metadata_is_parsed_once_while_converting(tmp_path):
         first, again, other = gguf.GGUFReader(path), gguf.GGUFReader(str(path)), gguf.GGUFReader(path, "r")
         assert first is again and other is not first
         assert [t.name for t in first.tensors] == ["token_embd.weight"]
+        assert type(first.data) is np.ndarray  # read into memory: a memmap's slices are slow
+        assert np.array_equal(first.tensors[0].data, np.zeros((4, 8), dtype=np.float32))
         assert gguf.get_tensor_name_map(llama, 2) is gguf.get_tensor_name_map(llama, 2)
         assert gguf.get_tensor_name_map(llama, 3) is not gguf.get_tensor_name_map(llama, 2)
     assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (original, name_map)
+    assert type(gguf.GGUFReader(path).data) is np.memmap and gguf.gguf_reader.np is np
     assert gguf.get_tensor_name_map(llama, 2) is not gguf.get_tensor_name_map(llama, 2)

@@ -5,7 +5,10 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import types
 from pathlib import Path
+
+import numpy as np
 
 
 def convert_gguf(gguf: Path, out: Path) -> None:
@@ -35,17 +38,36 @@ def convert_gguf(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
+class _WholeFiles(types.ModuleType):
+    """numpy, except that `memmap(path)` reads the whole file into an ordinary array. The GGUF reader
+    slices its data once per metadata item (~150k for a 49k-token vocabulary and its merges), and a
+    memmap's slices run Python code (`__getitem__`, `__array_finalize__`): reading the embedded
+    default's metadata took ~3x longer from the memmap. transformers de-quantizes every tensor into
+    memory anyway."""
+
+    def __init__(self):
+        super().__init__("numpy")
+
+    def __getattr__(self, name):
+        return getattr(np, name)
+
+    @staticmethod
+    def memmap(path, mode="r", **_):
+        return np.fromfile(path, dtype=np.uint8)
+
+
 @contextlib.contextmanager
 def _one_parse():
-    """Within the block, `gguf.GGUFReader(path)` returns one reader per path, and
-    `gguf.get_tensor_name_map(arch, blocks)` one map per architecture and depth. transformers reads a
-    GGUF file's metadata afresh for its tokenizer, its config and its weights (~2 s each for the
-    embedded default's 49k-token vocabulary), and builds the name map again for each of the model's
-    ~400 modules (~4 s in all); the reader only reads its memory-mapped file, and the map is only
-    looked up."""
+    """Within the block, `gguf.GGUFReader(path)` returns one reader per path, reading the file into
+    memory (`_WholeFiles`), and `gguf.get_tensor_name_map(arch, blocks)` one map per architecture and
+    depth. transformers reads a GGUF file's metadata afresh for its tokenizer, its config and its
+    weights (~2 s each for the embedded default's 49k-token vocabulary), and builds the name map
+    again for each of the model's ~400 modules (~4 s in all); the reader only reads its file, and the
+    map is only looked up."""
     import gguf
+    from gguf import gguf_reader
 
-    made, original, name_map = {}, gguf.GGUFReader, gguf.get_tensor_name_map
+    made, original, name_map, numpy = {}, gguf.GGUFReader, gguf.get_tensor_name_map, gguf_reader.np
 
     def reader(path, *args, **kwargs):
         key = (str(path), args, tuple(sorted(kwargs.items())))
@@ -53,9 +75,9 @@ def _one_parse():
             made[key] = original(path, *args, **kwargs)
         return made[key]
 
-    gguf.GGUFReader = reader
+    gguf.GGUFReader, gguf_reader.np = reader, _WholeFiles()
     gguf.get_tensor_name_map = functools.cache(name_map)
     try:
         yield
     finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = original, name_map
+        gguf.GGUFReader, gguf.get_tensor_name_map, gguf_reader.np = original, name_map, numpy
