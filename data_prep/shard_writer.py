@@ -11,7 +11,9 @@ records it in the manifest), then starts the new one and returns, so the next fo
 this write. An error of a write is raised in the calling thread at the next `submit` or at the end,
 naming the shard's file. If the caller's block fails, the write in flight is still waited for and
 handed over when it succeeds: a shard that reached the disk is never left out of the manifest.
-With `background=False` each write runs in the calling thread, in order.
+With `background=False` each write runs in the calling thread, in order. After each write the
+writer's thread ends its OpenMP workers (eagle/common/openmp_team.py): kept alive beside the
+caller's forwards, they made both threads' parallel loops wait for a wake-up.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import logging
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+
+from eagle.common.openmp_team import release_team
 
 log = logging.getLogger("data_prep")
 
@@ -36,7 +40,7 @@ class ShardWriter:
         if self._pool is None:
             self.on_written(k, _named(path, lambda: write(path, *args)))
             return
-        self._pending = (k, path, self._pool.submit(write, path, *args))
+        self._pending = (k, path, self._pool.submit(_releasing_team, write, path, *args))
 
     def _collect(self) -> None:
         """Wait for the write in flight (if any) and hand its result over; raise its error."""
@@ -62,6 +66,14 @@ class ShardWriter:
             if self._pool is not None:
                 self._pool.shutdown(wait=True)
         return False
+
+
+def _releasing_team(write: Callable[..., dict], path: Path, *args) -> dict:
+    """write(path, *args), then this thread's OpenMP workers end."""
+    try:
+        return write(path, *args)
+    finally:
+        release_team()
 
 
 def _named(path: Path, result: Callable[[], dict]) -> dict:

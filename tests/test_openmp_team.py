@@ -92,3 +92,22 @@ def test_thread_teams_times_each_situation(tiny_dir, capsys):
         torch.set_num_threads(threads)  # main sets the threads it times with
     assert len(result) == 5 and all(ms > 0 for ms in result.values())
     assert "second thread, the main thread's team released" in capsys.readouterr().out
+
+
+def test_the_shard_writer_thread_ends_its_openmp_workers_after_each_write(monkeypatch, tmp_path):
+    """data_prep writes shard k on a thread while shard k+1's forward runs: that thread's team must not
+    outlive the write."""
+    import data_prep.shard_writer as shard_writer
+
+    released, written = [], []
+    monkeypatch.setattr(shard_writer, "release_team", lambda: released.append(threading.current_thread().name))
+
+    def write(path, n):
+        torch.ones(1 << 20).add(n)  # a parallel loop on the writer's thread
+        return {"file": path.name}
+
+    with shard_writer.ShardWriter(lambda k, entry: written.append(k), background=True) as writer:
+        for k in range(3):
+            writer.submit(k, tmp_path / f"{k}.safetensors", write, k)
+    assert written == [0, 1, 2]
+    assert len(released) == 3 and all(name.startswith("shard-writer") for name in released)
