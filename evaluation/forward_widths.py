@@ -41,9 +41,7 @@ def forward_ms(runner: CompiledTarget, widths: list[int], rounds: int, reps: int
                static: bool = False) -> dict[int, dict]:
     """{width: {"compile_s", "ms"}}: each width's first call, then the median of rounds x reps calls;
     `static`: also "static_compile_s", "static_ms" of a static graph per width above 1."""
-    vocab = runner.target.get_input_embeddings().weight.shape[0]
-    prompt = torch.randint(0, vocab, (1, CONTEXT), generator=torch.Generator().manual_seed(0))
-    runner.prefill(prompt, max(widths))  # one bucket for every width
+    prefill_context(runner, max(widths))  # one bucket for every width
     calls = {("", w): _call(runner, w, hidden=True) for w in widths}
     if static:
         calls.update({("static_", w): _call(runner, w, hidden=False) for w in widths if w > 1})
@@ -62,6 +60,12 @@ def forward_ms(runner: CompiledTarget, widths: list[int], rounds: int, reps: int
     for (kind, w), spent in times.items():
         out[w][f"{kind}ms"] = round(1000 * statistics.median(spent), 2)
     return out
+
+
+def prefill_context(runner: CompiledTarget, rows: int) -> None:
+    """Commit CONTEXT seeded random tokens, in a cache bucket with room for `rows` more."""
+    vocab = runner.target.get_input_embeddings().weight.shape[0]
+    runner.prefill(torch.randint(0, vocab, (1, CONTEXT), generator=torch.Generator().manual_seed(0)), rows)
 
 
 def _call(runner: CompiledTarget, width: int, hidden: bool):

@@ -31,7 +31,7 @@ import torch
 from eagle.common.openmp_team import release_team
 from eagle.compiled.target_graphs import CompiledTarget
 from eagle.targets.resolve import load_causal_lm, resolve_target
-from evaluation.forward_widths import CONTEXT, _call
+from evaluation.forward_widths import _call, prefill_context
 
 
 def median_ms(call: Callable[[], None], reps: int) -> float:
@@ -116,8 +116,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     target = load_causal_lm(resolve_target(args.base), getattr(torch, args.dtype), "cpu")
     runner = CompiledTarget.of(target)
     with torch.inference_mode():
-        vocab = target.get_input_embeddings().weight.shape[0]
-        runner.prefill(torch.randint(0, vocab, (1, CONTEXT), generator=torch.Generator().manual_seed(0)), 8)
+        prefill_context(runner, 8)
         call = _call(runner, 1, hidden=True)
         call()  # compiles the plain step's graph
     times: dict[str, list[float]] = {}

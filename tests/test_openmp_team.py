@@ -14,6 +14,7 @@ import threading
 import pytest
 import torch
 
+import eagle.model
 import eagle.tuning.background as background
 from eagle.common.openmp_team import release_team
 from eagle.decoding.settings import TreeSettings
@@ -73,6 +74,7 @@ def test_the_model_releases_its_team_when_it_hands_the_cores_to_the_warmup(monke
     monkeypatch.setenv("EAGLE_CACHE", str(tmp_path))
     released = []
     monkeypatch.setattr(background, "release_team", lambda: released.append(threading.get_ident()))
+    monkeypatch.setattr(eagle.model, "release_team", lambda: released.append(threading.get_ident()))
     target, head = near_bigram_pair(13)
     model = EaModel.from_modules(target, head, settings=TreeSettings(total_token=4, depth=2, top_k=4, lookup=0),
                                  compile=True)
@@ -81,7 +83,10 @@ def test_the_model_releases_its_team_when_it_hands_the_cores_to_the_warmup(monke
     if model.warmup is not None:
         model.eagenerate(prompt(2, 5), max_new_tokens=3)
         assert threading.get_ident() in released or model.warmup is None  # resume(), unless it was adopted first
+    released.clear()
+    pending = model.warmup is not None
     assert model.wait_ready(timeout=600)
+    assert (threading.get_ident() in released) == pending  # wait_ready, while there was work
 
 
 def test_thread_teams_times_each_situation(tiny_dir, capsys):
