@@ -8,6 +8,7 @@ from omegaconf import DictConfig
 
 from data_prep.conversations import DataError
 from data_prep.data_config import prep_config
+from eagle.common import distributed
 from eagle.common.locks import Busy
 from data_prep.pipeline import prepare
 from data_prep.plan import store_plan
@@ -23,6 +24,7 @@ def main(cfg: DictConfig) -> None:
             print("\n".join(store_plan(prep).lines()))
             return
         path = prepare(prep)
+        distributed.leave()
     except (DataError, ValueError, OSError, Busy) as e:  # OSError: a full disk, a folder it cannot write
         sys.exit(f"error: {e}")
     print(path)

@@ -20,6 +20,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from eagle.common import distributed
 from eagle.common.distributed import free_port
 
 DIST_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "GROUP_RANK")
@@ -64,16 +65,7 @@ def _in_group(rank: int, fn, *args) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     fn(rank, *args)
-    leave_group()
-
-
-def leave_group() -> None:
-    """Leave the rank's process group together with the others (when it joined one): rank 0 holds the
-    rendezvous store, and a rank that exits while another still talks to it can die in gloo's teardown
-    (SIGABRT, "terminate called without an active exception")."""
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    distributed.leave()
 
 
 def run_in_group(fn, args: tuple = (), world: int = 2, env: dict | list[dict] | None = None,

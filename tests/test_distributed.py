@@ -38,3 +38,34 @@ def test_without_cuda_the_group_is_gloo(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     distributed.init()
     assert created == ["gloo"]
+
+
+def _threads() -> int:
+    import os
+
+    return len(os.listdir("/proc/self/task"))
+
+
+def _join_wait_leave(rank: int, out) -> None:
+    import json
+    from pathlib import Path
+
+    before = _threads()
+    distributed.init()
+    distributed.merged({rank: rank}, "a test's merge")  # makes the gloo waiting group and uses it
+    during = _threads()
+    distributed.leave()
+    Path(out, f"rank{rank}.json").write_text(json.dumps([before, during, _threads(), dist.is_initialized()]))
+
+
+def test_leaving_stops_every_thread_the_groups_started(tmp_path):
+    """After leave() a rank holds no gloo thread: nothing is left for the interpreter's teardown,
+    where a live group can abort the finished process (SIGABRT) under torchrun."""
+    import json
+
+    from tests.gloo_ranks import join_all, start_ranks
+
+    assert join_all(start_ranks(_join_wait_leave, args=(tmp_path,)), timeout=120) == [0, 0]
+    for rank in range(2):
+        before, during, after, joined = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert during > before and after == before and not joined

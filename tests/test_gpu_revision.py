@@ -18,7 +18,7 @@ from eagle.common import distributed
 from eagle.targets.hub import snapshot_commit
 from eagle.targets.resolve import resolve_target
 from tests.fake_hub import COMMIT_A, COMMIT_B, REPO, add_snapshot, offline_cache
-from tests.gloo_ranks import join_all, leave_group, start_ranks
+from tests.gloo_ranks import join_all, start_ranks
 from tests.tiny import CONF
 
 
@@ -91,7 +91,7 @@ def _resolve_on_rank(rank: int, caches: list[str], out: str) -> None:
     except ValueError as e:
         result = {"commit": None, "error": str(e)}
     Path(out, f"rank{rank}.json").write_text(json.dumps(result))
-    leave_group()
+    distributed.leave()
 
 
 @pytest.mark.parametrize("same", [True, False])

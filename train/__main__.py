@@ -15,6 +15,7 @@ from data_prep.resolvers import register_resolvers
 @hydra.main(version_base="1.3", config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
     from data_prep.conversations import DataError
+    from eagle.common import distributed
     from eagle.common.locks import Busy
     from train.publish import PublishError
     from train.run import run
@@ -28,6 +29,7 @@ def main(cfg: DictConfig) -> None:
             print("\n".join(training_plan(validate(cfg)).lines()))
             return
         run(cfg)
+        distributed.leave()  # every rank, once rank 0 has reported and published
     except (PublishError, DataError, OSError, ValueError, Busy) as e:  # OSError: full disk, unwritable folder
         if os.environ.get("EAGLE_TRACEBACK"):
             raise

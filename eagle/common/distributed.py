@@ -20,10 +20,18 @@ Devices. `device_index` is the one answer to "which GPU is mine": LOCAL_RANK (to
 SLURM_LOCALID (srun), else OMPI_COMM_WORLD_LOCAL_RANK (mpirun), else RANK modulo the ranks per
 node (LOCAL_WORLD_SIZE, else the visible GPUs); 0 when the process sees one GPU (a task
 launched with one GPU of its own).
+
+Leaving. A command that joined the group leaves it at its end with `leave()`: every rank waits
+for the others (rank 0 may still be measuring τ or publishing), then the groups are destroyed
+while the interpreter is whole. A rank that exits holding a group destroys it during the
+interpreter's teardown, where gloo's threads can abort the process (SIGABRT, "terminate called
+without an active exception": torchrun then reports a finished run as failed), and NCCL warns
+that the group was never destroyed.
 """
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import socket
@@ -160,6 +168,17 @@ def _arrive(what: str) -> None:
         detail = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise RuntimeError(f"rank {dist.get_rank()} waited {timeout.total_seconds() / 60:.3g} min "
                            f"({LONG_TIMEOUT_VAR}) at {what} and not every rank arrived: {detail}") from e
+
+
+def leave() -> None:
+    """Leave the process group together with every other rank (no-op when not in one); every rank
+    of a group must call it. `init()` afterwards joins a new group."""
+    if not dist.is_initialized():
+        return
+    barrier("the end of the job")
+    _LONG.clear()  # its handle would keep the gloo twin alive until the interpreter's teardown
+    dist.destroy_process_group()
+    gc.collect()  # whatever else held a group goes now, not at exit
 
 
 def barrier(what: str = "a barrier") -> None:
