@@ -10,8 +10,9 @@ is read and the parts that decide whether a head loads are run on our files:
   compiled from SGLang's source and run on our safetensors against the parameters SGLang's model
   builds (named below from its constructor): every tensor must land in a parameter of the right
   size, and every parameter but the ones SGLang takes from the target must be filled;
-- EAGLE-3: the draft-to-target map SGLang derives from `d2t`, and the target layers it captures
-  (`eagle_config` ids + 1, or its default [2, N//2, N-3]);
+- EAGLE-3: the draft-to-target map SGLang derives from `d2t`, the target layers it captures
+  (`eagle_config` ids + 1, or its default [2, N//2, N-3]), and the layer variant flags the head's
+  config sets that SGLang's model never reads (it would load the head and compute without them);
 - EAGLE-1/2: the `--speculative-token-map` file, read as SGLang's `load_token_map` reads it.
 """
 
@@ -26,6 +27,8 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
+
+from eagle.heads.formats import LAYER_VARIANTS
 
 ROOT = Path(__file__).resolve().parent.parent
 SGLANG_SITE = ROOT / ".consumers" / "sglang" / "site"
@@ -128,6 +131,8 @@ def run_load_weights(site: Path, head_dir: Path) -> dict:
     report["wrong_size"] = sorted(n for n, p in params.items() if p.shards and _size(p) != p.shape)
     report.setdefault("warnings", [])
     if eagle3:
+        text = source.read_text()  # a variant flag its model never reads: loaded, then computed without it
+        report["variants_unread"] = [flag for flag in LAYER_VARIANTS if cfg.get(flag) and flag not in text]
         ids = (cfg.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
         report["captured_layers"] = [i + 1 for i in ids] if ids else "default [2, N//2, N-3]"
         report["hot_token_id"] = None if me.hot_token_id is None else me.hot_token_id.tolist()
@@ -165,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(report.get(key), list):
             report[key] = f"{len(report[key])} ids"
     print(json.dumps(report, indent=2))
-    return 0 if report["class_known"] and not report["unfilled"] and not report["wrong_size"] else 1
+    ok = report["class_known"] and not report["unfilled"] and not report["wrong_size"]
+    return 0 if ok and not report.get("variants_unread") else 1
 
 
 if __name__ == "__main__":

@@ -206,6 +206,35 @@ def test_publish_writes_a_layout_with_its_serve_commands(tmp_path, capsys):
     assert len(err.splitlines()) == 1 and "train.fc_bias=false" in err
 
 
+def test_publish_names_the_target_by_the_id_engines_load_it_by(tmp_path):
+    """A head trained on a local folder, exported for speculators: its verifier and the card's
+    commands name the target by its Hub id."""
+    from train.publish import main
+
+    _, head = eagle3()
+    head.config.target = "tiny-local"
+    save_head(tmp_path / "head", head, dtype=torch.float32, card="# tiny\n")
+    out = tmp_path / "spec"
+    assert main([str(tmp_path / "head"), "--format", "speculators", "--target", "org/tiny", "--out", str(out)]) == 0
+    config = json.loads((out / "config.json").read_text())
+    assert config["speculators_config"]["verifier"]["name_or_path"] == "org/tiny" == config["target"]
+    assert "vllm serve org/tiny " in (out / "README.md").read_text()
+    assert load_head(out).config.target == "org/tiny"
+
+
+def test_a_head_with_speculators_norms_is_offered_only_to_engines_that_have_them(tmp_path):
+    """EAGLE's and SGLang's EAGLE-3 layers would load the weights and compute another function
+    (SGLang has speculators' norm before fc and on the output, not the one before the residual)."""
+    from train.publish import main
+
+    _, head = eagle3_norms()
+    save_head(tmp_path / "head", head, dtype=torch.float32, card="# tiny\n")
+    assert main([str(tmp_path / "head"), "--format", "eagle", "--out", str(tmp_path / "out")]) == 0
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "loads unmodified in: vllm, and in our decoder" in card
+    assert "vllm serve" in card and "sglang" not in card.lower() and "EConfig" not in card
+
+
 def test_training_without_fc_bias_starts_from_a_head_with_one(tmp_path):
     from train.head_init import initial_head
 

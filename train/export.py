@@ -42,9 +42,14 @@ class CardInfo:
 
 
 def _architecture(info: CardInfo) -> str:
-    if info.config.get("head") == "eagle3":
-        return (f"An EAGLE-3 draft head (fc over three target layers, one decoder layer, its own lm_head over a "
-                f"{info.config.get('draft_vocab')}-token draft vocabulary mapped by `d2t`/`t2d`) for lossless "
+    c = info.config
+    if c.get("head") == "eagle3":
+        frozen = c.get("init_lm_head") and c.get("freeze_lm_head")
+        lm_head = "the target's lm_head rows, frozen, over a" if frozen else "its own lm_head over a"
+        layer = ("speculators' layer variant (RMSNorms on the fused input, before the residual and on the output)"
+                 if c.get("eagle3_norms") else "EAGLE-3's published layer")
+        return (f"An EAGLE-3 draft head (fc over three target layers, one decoder layer, {lm_head} "
+                f"{c.get('draft_vocab')}-token draft vocabulary mapped by `d2t`/`t2d`; {layer}) for lossless "
                 f"speculative decoding of `{info.target}`. The token embedding is the target's and is not stored here.")
     n = info.head_layers
     layers = "one decoder layer" if n == 1 else f"{n} decoder layers"

@@ -1,6 +1,7 @@
 """Write an exported head in a serving engine's layout, and upload it to the Hugging Face Hub.
 
     python -m train.publish checkpoints/runs/NAME/head --format sglang             # writes .../head-sglang
+    python -m train.publish HEAD --format speculators --target ORG/MODEL   # the target by its Hub id
     python -m train.publish checkpoints/runs/NAME/head --repo-id USER/eagle-NAME [--format vllm] [--private]
 
 `--format` is one of eagle/heads/formats.py's layouts (eagle, vllm, sglang, speculators); the folder
@@ -36,14 +37,17 @@ def check_head_dir(directory: str | Path) -> Path:
 
 
 def convert(directory: str | Path, fmt: str, out: str | Path, repo_id: str | None = None,
-            embedding_from: str | None = None) -> Path:
-    """The head of `directory` written to `out` in layout `fmt`, its card given the serve commands."""
+            embedding_from: str | None = None, target: str | None = None) -> Path:
+    """The head of `directory` written to `out` in layout `fmt`, its card given the serve commands.
+    `target`: the name engines load the target by (a Hub id), recorded in the config (speculators'
+    verifier) and used by the card's commands; default: the one the head was trained with."""
     from eagle.heads.checkpoint import load_head, save_head
     from eagle.heads.formats import FormatError
     from train.export import serving_card
 
     directory = check_head_dir(directory)
     head = load_head(directory)
+    head.config.target = target or head.config.target
     card_path = directory / "README.md"
     card = serving_card(card_path.read_text() if card_path.exists() else "", head, fmt, repo_id)
     extra = _target_embedding(embedding_from) if embedding_from else None
@@ -106,6 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--embedding-from", default=None, metavar="BASE",
                         help="speculators: also store the target's embedding (its own model does not take it "
                              "from the verifier)")
+    parser.add_argument("--target", default=None, metavar="NAME",
+                        help="the target's name in the written config and serve commands, e.g. its Hub id "
+                             "(default: the name it was trained under)")
     parser.add_argument("--private", action="store_true")
     parser.add_argument("--endpoint", default=None, help="Hub URL (default: HF_ENDPOINT or the public Hub)")
     parser.add_argument("--message", default="Upload EAGLE draft head")
@@ -113,10 +120,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.repo_id is None and args.format is None:
         parser.error("say --format NAME (write a folder), --repo-id USER/NAME (upload), or both")
     try:
-        if args.repo_id is None or args.out or args.embedding_from:
+        if args.repo_id is None or args.out or args.embedding_from or args.target:
             out = args.out or f"{str(args.ckpt_dir).rstrip('/')}-{args.format}"
             written = convert(args.ckpt_dir, args.format or _format_of(Path(args.ckpt_dir)), out, args.repo_id,
-                              args.embedding_from)
+                              args.embedding_from, args.target)
             print(written)
             if args.repo_id is None:
                 return 0

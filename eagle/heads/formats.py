@@ -7,7 +7,8 @@ A head is saved in one of four layouts (`save_head(..., fmt=)`, `python -m train
   `tie_word_embeddings: false`, dtype) plus our own fields (`architecture`, `feature_layers`,
   `fc_bias`, `target`), which the engines ignore; EAGLE's weight names (`fc`, `layers.0` or
   EAGLE-3's `midlayer`, `norm`, `lm_head`, `d2t`, `t2d`). vLLM and SGLang load an EAGLE-3 head in
-  this layout as it is, and vLLM loads an EAGLE-1/2 head without fc bias (`train.fc_bias=false`).
+  this layout as it is (with speculators' variant norms, below: vLLM only), and vLLM loads an
+  EAGLE-1/2 head without fc bias (`train.fc_bias=false`).
 - `vllm`: the same files, refused for an EAGLE-1/2 head with an fc bias (vLLM's model has none).
 - `sglang`: the same for EAGLE-3; EAGLE-1/2 as `LlamaForCausalLMEagle` with an fc bias (zero when
   the head has none: SGLang always builds one) and the draft vocabulary as `hot_token_map.pt`,
@@ -254,9 +255,14 @@ def _side_vocabulary(directory: Path) -> torch.Tensor | None:
 
 
 def engines(cfg: DraftConfig, fmt: str) -> list[str]:
-    """The engines that load a head of `cfg` saved as `fmt` unmodified (our decoder loads every layout)."""
+    """The engines that load a head of `cfg` saved as `fmt` unmodified and compute what it was trained
+    to (our decoder loads every layout). Of speculators' variant norms, EAGLE's EAGLE-3 layer has none
+    and SGLang's lacks norm_before_residual: they would load such a head and draft from another function."""
     if cfg.architecture == "eagle3":
-        return ["vllm", "speculators"] if fmt == "speculators" else ["eagle", "vllm", "sglang"]
+        if fmt == "speculators":
+            return ["vllm", "speculators"]
+        published = not any(getattr(cfg, flag) for flag in LAYER_VARIANTS)
+        return ["eagle"] * published + ["vllm"] + ["sglang"] * (not cfg.norm_before_residual)
     if fmt == "sglang":
         return ["sglang"]
     return ["eagle"] + ([] if cfg.fc_bias else ["vllm"])
