@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def ours_recipe(head: str, steps: int, batch_tokens: int) -> Recipe:
-    """Our shipped recipe for SmolLM2 (conf/experiment/smollm2_eagle3.yaml; EAGLE-1/2:
+    """Our own recipe for SmolLM2 (EAGLE-3: conf/experiment/smollm2_eagle3_ttt7.yaml; EAGLE-1/2:
     conf/model/smollm2_135m.yaml), at `steps` optimizer steps."""
     if head == "eagle3":
         return Recipe("ours", steps, batch_tokens, lr=5e-4, schedule="cosine", warmup_steps=30, weight_decay=0.0,

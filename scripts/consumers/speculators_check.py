@@ -44,7 +44,10 @@ def main(spec_dir: str, eagle_dir: str, verifier: str, out_path: str) -> None:
     report["embedding_is_targets"] = torch.equal(model.embed_tokens.weight.detach().to(torch.float32),
                                                     target["model.embed_tokens.weight"].to(torch.float32))
     with tempfile.TemporaryDirectory() as tmp:
-        Eagle3Converter().convert(eagle_dir, tmp, base_model=verifier, validate=False)
+        # its converter reads norm_before_fc and norm_output from an EAGLE config, norm_before_residual
+        # only as an argument (a user converting passes it)
+        residual = json.loads((Path(eagle_dir) / "config.json").read_text()).get("norm_before_residual", False)
+        Eagle3Converter().convert(eagle_dir, tmp, base_model=verifier, validate=False, norm_before_residual=residual)
         theirs = load_file(str(Path(tmp) / "model.safetensors"))
         cfg_theirs = json.loads((Path(tmp) / "config.json").read_text())
     cfg_ours = json.loads((Path(spec_dir) / "config.json").read_text())
@@ -57,6 +60,7 @@ def main(spec_dir: str, eagle_dir: str, verifier: str, out_path: str) -> None:
         f"transformer_layer_config.{f}": cfg_ours["transformer_layer_config"].get(f)
         == cfg_theirs["transformer_layer_config"].get(f) for f in layer_fields}
     report["converter_keys_equal"] = sorted(ours) == sorted(theirs)
+    report["converter_drops"] = sorted(set(ours) - set(theirs))  # its legacy model lacks the fc norm
     report["converter_tensors_equal"] = all(torch.equal(ours[k].to(theirs[k].dtype), theirs[k]) for k in theirs
                                             if k in ours)
     json.dump(report, open(out_path, "w"), indent=2)
