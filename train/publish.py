@@ -121,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("say --format NAME (write a folder), --repo-id USER/NAME (upload), or both")
     try:
         if args.repo_id is None or args.out or args.embedding_from or args.target:
-            out = args.out or f"{str(args.ckpt_dir).rstrip('/')}-{args.format}"
-            written = convert(args.ckpt_dir, args.format or _format_of(Path(args.ckpt_dir)), out, args.repo_id,
-                              args.embedding_from, args.target)
+            fmt = args.format or _format_of(Path(args.ckpt_dir))
+            out = args.out or f"{str(args.ckpt_dir).rstrip('/')}-{fmt}"
+            written = convert(args.ckpt_dir, fmt, out, args.repo_id, args.embedding_from, args.target)
             print(written)
             if args.repo_id is None:
                 return 0

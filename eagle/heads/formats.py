@@ -45,6 +45,8 @@ DRAFT_VOCAB = "draft_vocab.json"  # {"target_ids": [...]}: the draft vocabulary,
 TOKEN_MAP = "hot_token_map.pt"  # SGLang --speculative-token-map: the draft vocabulary's target ids
 VOCAB_KEYS = ("d2t", "t2d", "draft_rank")
 LAYER_VARIANTS = ("norm_before_fc", "norm_before_residual", "norm_output")  # DraftConfig's EAGLE-3 variants
+VARIANTS_READ = {"eagle": (), "sglang": ("norm_before_fc", "norm_output"),  # which of them each engine's layer has
+                 "vllm": LAYER_VARIANTS, "speculators": LAYER_VARIANTS}
 _ARCH = {  # (SGLang's EAGLE-1/2 layout?, architecture) -> config "architectures"
     (False, "eagle2"): "LlamaForCausalLM",  # EAGLE's published EAGLE-1/2 heads; vLLM prefixes "Eagle"
     (True, "eagle2"): "LlamaForCausalLMEagle",
@@ -63,7 +65,7 @@ def check_format(fmt: str, cfg: DraftConfig) -> None:
     if fmt == "speculators" and cfg.architecture != "eagle3":
         raise FormatError("speculators 0.9 has no EAGLE-1/2 model (only eagle3, peagle, dflash, mtp): "
                           "export an EAGLE-1/2 head as eagle, vllm or sglang")
-    if fmt == "sglang" and cfg.norm_before_residual:
+    if fmt == "sglang" and unread_variants(cfg, "sglang"):  # only norm_before_residual
         raise FormatError("SGLang 0.5.23's EAGLE-3 layer adds its attention output to the raw feature, not the normed "
                           "one (norm_before_residual, speculators' variant, train.eagle3_norms=true): it would draft "
                           "from another function; serve this head with vLLM (eagle or speculators layout), or train "
@@ -254,15 +256,18 @@ def _side_vocabulary(directory: Path) -> torch.Tensor | None:
 # ---- who serves what ----------------------------------------------------------------------------
 
 
+def unread_variants(cfg: DraftConfig, engine: str) -> list[str]:
+    """The layer variant flags `cfg` sets that `engine`'s EAGLE-3 layer does not have."""
+    return [flag for flag in LAYER_VARIANTS if getattr(cfg, flag) and flag not in VARIANTS_READ[engine]]
+
+
 def engines(cfg: DraftConfig, fmt: str) -> list[str]:
     """The engines that load a head of `cfg` saved as `fmt` unmodified and compute what it was trained
-    to (our decoder loads every layout). Of speculators' variant norms, EAGLE's EAGLE-3 layer has none
-    and SGLang's lacks norm_before_residual: they would load such a head and draft from another function."""
+    to (our decoder loads every layout): an engine whose layer lacks a variant flag the head sets
+    (VARIANTS_READ) would load it and draft from another function."""
     if cfg.architecture == "eagle3":
-        if fmt == "speculators":
-            return ["vllm", "speculators"]
-        published = not any(getattr(cfg, flag) for flag in LAYER_VARIANTS)
-        return ["eagle"] * published + ["vllm"] + ["sglang"] * (not cfg.norm_before_residual)
+        loaders = ["vllm", "speculators"] if fmt == "speculators" else ["eagle", "vllm", "sglang"]
+        return [engine for engine in loaders if not unread_variants(cfg, engine)]
     if fmt == "sglang":
         return ["sglang"]
     return ["eagle"] + ([] if cfg.fc_bias else ["vllm"])
