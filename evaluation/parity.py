@@ -18,8 +18,8 @@ steps (our batch plan's steps per epoch x epochs, or --steps), over the same dra
   `ref:optimizer=adamw+lr=3e-4` changes fields of it (evaluation/parity_run.py's Recipe).
 
 Each run is judged by evaluation/parity_judge.py (our decoder: chain of 3 and the EAGLE-2 tree; vLLM's
-counters when installed). Output in --out: `runs/NAME/run.json` (curves, seconds, tokens), `scores.json`,
-`results.md` (the table), `curves.png`. A rerun skips finished runs and judged heads, and our trainer
+counters when installed; `--no-ours` judges with vLLM's alone). Output in --out: `runs/NAME/run.json`
+(curves, seconds, tokens), `scores.json`, `results.md` (the table), `curves.png`. A rerun skips finished runs and judged heads, and our trainer
 resumes a run from its checkpoints.
 """
 
@@ -142,10 +142,15 @@ def judge_runs(runs: list[TrainerRun], data: ParityData, args, out: Path) -> dic
     def make_judge() -> ParityJudge:
         torch.set_num_threads(args.threads)
         return ParityJudge(data.target_dir, args.prompts, args.num_prompts, args.max_new_tokens,
-                           getattr(torch, args.dtype), vllm=not args.no_vllm)
+                           getattr(torch, args.dtype), vllm=not args.no_vllm, ours=not args.no_ours)
 
-    settings = f"{args.prompts}-{args.num_prompts}x{args.max_new_tokens}-{args.dtype}"
-    return cached_scores(out / "scores.json", {r.trainer: r.head_dir for r in runs}, settings, make_judge)
+    return cached_scores(out / "scores.json", {r.trainer: r.head_dir for r in runs}, judge_settings(args), make_judge)
+
+
+def judge_settings(args) -> str:
+    """The cache key of a judge's scores: prompts, sizes, dtype and judges; the key without judges means both."""
+    judges = "" if not (args.no_vllm or args.no_ours) else "-vllm" if args.no_ours else "-ours"
+    return f"{args.prompts}-{args.num_prompts}x{args.max_new_tokens}-{args.dtype}{judges}"
 
 
 def parse_args(argv: list[str] | None):
@@ -164,6 +169,8 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--no-vllm", action="store_true", help="judge with our decoder only")
+    ap.add_argument("--no-ours", action="store_true",
+                    help="judge with vLLM's counters only (our eager chain and tree judge is ~10x slower)")
     ap.add_argument("--no-judge", action="store_true", help="train only")
     ap.add_argument("--out", type=Path, default=Path("results/parity"))
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -174,6 +181,8 @@ def parse_args(argv: list[str] | None):
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", stream=sys.stderr)
     args = parse_args(argv)
+    if args.no_vllm and args.no_ours:
+        raise SystemExit("error: --no-vllm and --no-ours leave no judge (--no-judge trains only)")
     from evaluation.parity_report import write_report
 
     data = ParityData.of(args.store, args.draft_vocab, args.batch_tokens, args.epochs, args.steps)

@@ -100,3 +100,11 @@ def test_the_judges_measure_the_head_alone_without_the_default_lookup_chain():
     model = EaModel(target, head, settings=settings["chain3"], compile=False)
     model.eagenerate(ids, max_new_tokens=32)
     assert max(model.last_stats.accept_lengths) <= 4
+
+
+def test_scores_of_one_judge_are_cached_apart_from_both_and_no_judge_is_refused(tmp_path):
+    base = ["--store", str(tmp_path), "--out", str(tmp_path / "out")]
+    keys = {parity.judge_settings(parity.parse_args(base + flags)) for flags in ([], ["--no-ours"], ["--no-vllm"])}
+    assert len(keys) == 3
+    with pytest.raises(SystemExit, match="no judge"):
+        parity.main(base + ["--no-vllm", "--no-ours"])
