@@ -1,6 +1,6 @@
 """τ against training tokens: the scaling curve of heads trained on more and more of the same data.
 
-    python -m experiments.scaling_curve OUT_DIR [OUT_DIR ...] --plot docs/scaling-curve.png
+    python -m experiments.scaling_curve OUT_DIR [OUT_DIR ...] --record docs/scaling-points.json --plot docs/scaling-curve.png
 
 Each OUT_DIR is an `evaluation.parity` output (`--out`) whose runs trained on a slice of one store
 (`--epochs 0.125, 0.25, ...`: one pass over that share of its records, the schedule ending with
@@ -8,6 +8,9 @@ the run) and were judged alike (the same `--num-prompts` and `--max-new-tokens`)
 of every folder is one point: its trainer, the tokens it trained on (`run.json`), and τ of vLLM's
 3-token chain, of our 3-token chain and of our EAGLE-2 tree. Prints the markdown table; `--plot`
 draws τ against tokens on a log axis, one line per trainer, data (the store's) and judge.
+`--record FILE` keeps the points in git (the parity outputs stay out of it): the file's points are
+read, a folder's points replace the recorded ones of the same folder and trainer, and the file is
+written back, so the figure is redrawn from the record alone (no OUT_DIR) or with new runs added.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 JUDGES = {"vllm_tau": "vLLM k=3", "chain3_tau": "ours, chain 3", "tree_tau": "ours, tree"}
@@ -33,6 +36,27 @@ class Point:
     @property
     def line(self) -> str:
         return f"{self.trainer} on {self.data}"
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "folder": str(self.folder)}
+
+
+def read_record(path: Path) -> list[Point]:
+    """The points kept in `path` (a JSON list written by write_record); none when it does not exist."""
+    if not path.exists():
+        return []
+    return [Point(**{**raw, "folder": Path(raw["folder"])}) for raw in json.loads(path.read_text())]
+
+
+def merged(recorded: list[Point], new: list[Point]) -> list[Point]:
+    """The recorded points, each replaced by a new point of the same folder and trainer, plus the other new ones."""
+    by_key = {(str(p.folder), p.trainer): p for p in recorded}
+    by_key.update({(str(p.folder), p.trainer): p for p in new})
+    return sorted(by_key.values(), key=lambda p: (p.line, p.tokens))
+
+
+def write_record(path: Path, found: list[Point]) -> None:
+    path.write_text(json.dumps([p.to_json() for p in found], indent=1) + "\n")
 
 
 def data_of(command: str) -> str:
@@ -98,12 +122,20 @@ def plot(found: list[Point], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.scaling_curve", description=__doc__.splitlines()[0])
-    ap.add_argument("out_dirs", nargs="+", type=Path, help="evaluation.parity output folders")
+    ap.add_argument("out_dirs", nargs="*", type=Path, help="evaluation.parity output folders")
+    ap.add_argument("--record", type=Path, default=None, help="the points kept in git: read, updated, written back")
     ap.add_argument("--plot", type=Path, default=None, help="write the figure here (PNG)")
     args = ap.parse_args(argv)
-    found = points(args.out_dirs)
-    if not found:
+    if not args.out_dirs and not args.record:
+        ap.error("give parity output folders, a --record, or both")
+    new = points(args.out_dirs)
+    if args.out_dirs and not new:
         raise SystemExit(f"error: no judged runs in {', '.join(map(str, args.out_dirs))}")
+    found = merged(read_record(args.record), new) if args.record else new
+    if not found:
+        raise SystemExit(f"error: no points in {args.record}")
+    if args.record:
+        write_record(args.record, found)
     print(table(found))
     if args.plot:
         plot(found, args.plot)

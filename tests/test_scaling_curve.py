@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 
@@ -40,3 +41,19 @@ def test_each_judged_run_is_a_point_in_token_order(tmp_path):
     assert (tmp_path / "curve.png").stat().st_size > 10_000
     with pytest.raises(SystemExit, match="no judged runs"):
         scaling_curve.main([str(tmp_path / "unjudged")])
+
+
+def test_the_record_keeps_earlier_points_and_a_rerun_replaces_its_own(tmp_path):
+    record = tmp_path / "points.json"
+    parity_out(tmp_path / "e1", "ours-eagle3@ref", 1_500_000, 379, {"vllm_tau": 1.46})
+    parity_out(tmp_path / "e2", "ours-eagle2@ours", 750_000, 190, {"vllm_tau": 1.30})
+    scaling_curve.main([str(tmp_path / "e1"), str(tmp_path / "e2"), "--record", str(record)])
+    (tmp_path / "e2" / "scores.json").write_text(json.dumps({"ours-eagle2@ours|mtbench-24x128-bfloat16-vllm":
+                                                             {"vllm_tau": 1.31}}))
+    shutil.rmtree(tmp_path / "e1")  # its run outputs are gone: the record still holds its point
+    scaling_curve.main([str(tmp_path / "e2"), "--record", str(record), "--plot", str(tmp_path / "c.png")])
+    found = scaling_curve.read_record(record)
+    assert [(p.trainer, p.tokens, p.scores["vllm_tau"]) for p in found] == [
+        ("ours-eagle2@ours", 750_000, 1.31), ("ours-eagle3@ref", 1_500_000, 1.46)]
+    assert (tmp_path / "c.png").exists()
+    scaling_curve.main(["--record", str(record)])  # the record alone redraws
