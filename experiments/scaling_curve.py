@@ -99,24 +99,34 @@ def table(found: list[Point]) -> str:
 
 
 def plot(found: list[Point], path: Path) -> None:
+    """One panel per judge that scored any point, τ against tokens on a log axis; a line keeps its colour
+    in every panel, and the legend (one entry per line) sits under the panels."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for line in sorted({p.line for p in found}):
-        mine = [p for p in found if p.line == line]
-        for key, name, style in zip(JUDGES, JUDGES.values(), ("-o", "--s", ":^")):
-            xs = [p.tokens for p in mine if p.scores[key] is not None]
-            if xs:
-                ax.plot(xs, [p.scores[key] for p in mine if p.scores[key] is not None], style, label=f"{line}, {name}")
-    ax.set_xscale("log")
-    ax.set_xlabel("training tokens (one pass)")
-    ax.set_ylabel("τ (tokens per target forward)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
+    judges = [key for key in JUDGES if any(p.scores[key] is not None for p in found)]
+    lines = sorted({p.line for p in found})
+    colours = plt.get_cmap("tab10")
+    fig, axes = plt.subplots(1, len(judges), figsize=(4.2 * len(judges), 4.2), squeeze=False)
+    for ax, key in zip(axes[0], judges):
+        for i, line in enumerate(lines):
+            mine = [p for p in found if p.line == line and p.scores[key] is not None]
+            if mine:
+                ax.plot([p.tokens for p in mine], [p.scores[key] for p in mine], "-o", color=colours(i % 10),
+                        label=line)
+        ax.set_xscale("log")
+        ax.xaxis.set_minor_formatter(NullFormatter())
+        ax.set_title(f"τ {JUDGES[key]}")
+        ax.set_xlabel("training tokens (one pass)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("τ (tokens per target forward)")
+    handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
+    fig.legend([handles[line] for line in lines if line in handles], [line for line in lines if line in handles],
+               loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.045 * ((len(lines) + 1) // 2), 1, 1))
     fig.savefig(path, dpi=120)
 
 
