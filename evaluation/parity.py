@@ -19,8 +19,8 @@ steps (our batch plan's steps per epoch x epochs, or --steps), over the same dra
 
 Each run is judged by evaluation/parity_judge.py (our decoder: chain of 3 and the EAGLE-2 tree; vLLM's
 counters when installed; `--no-ours` judges with vLLM's alone). Output in --out: `runs/NAME/run.json`
-(curves, seconds, tokens), `scores.json`, `results.md` (the table), `curves.png`. A rerun skips finished runs and judged heads, and our trainer
-resumes a run from its checkpoints.
+(curves, seconds, tokens), `scores.json`, `results.md` (the table), `curves.png`. A rerun skips
+finished runs and judged heads, and our trainer resumes a run from its checkpoints.
 """
 
 from __future__ import annotations

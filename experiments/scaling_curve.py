@@ -7,7 +7,7 @@ Each OUT_DIR is an `evaluation.parity` output (`--out`) whose runs trained on a 
 the run) and were judged alike (the same `--num-prompts` and `--max-new-tokens`). Every judged run
 of every folder is one point: its trainer, the tokens it trained on (`run.json`), and τ of vLLM's
 3-token chain, of our 3-token chain and of our EAGLE-2 tree. Prints the markdown table; `--plot`
-draws τ against tokens on a log axis, one line per trainer, data (the store's) and judge.
+draws τ against tokens on a log axis, one panel per judge, one line per trainer and data (the store's).
 `--record FILE` keeps the points in git (the parity outputs stay out of it): the file's points are
 read, a folder's points replace the recorded ones of the same folder and trainer, and the file is
 written back, so the figure is redrawn from the record alone (no OUT_DIR) or with new runs added.
