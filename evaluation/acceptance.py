@@ -24,14 +24,9 @@ import torch
 log = logging.getLogger("acceptance")
 
 
-def settings_key(args) -> str:
-    judges = "+".join(j for j, on in (("vllm", not args.no_vllm), ("ours", args.ours)) if on)
-    return f"{args.prompts}-{args.num_prompts}x{args.max_new_tokens}-{args.dtype}-{judges}"
-
-
 def judge_heads(heads: dict[str, Path], target: Path, args) -> dict[str, dict]:
     """Scores of every head (label -> folder), read from or added to args.out/scores.json."""
-    from evaluation.parity_judge import ParityJudge, cached_scores
+    from evaluation.parity_judge import ParityJudge, cached_scores, scores_key
 
     def make_judge() -> ParityJudge:
         torch.set_num_threads(args.threads)
@@ -39,7 +34,8 @@ def judge_heads(heads: dict[str, Path], target: Path, args) -> dict[str, dict]:
                            vllm=not args.no_vllm, ours=args.ours)
 
     by_folder = {str(d.resolve()): d for d in heads.values()}
-    scores = cached_scores(args.out / "scores.json", by_folder, settings_key(args), make_judge)
+    key = scores_key(args.prompts, args.num_prompts, args.max_new_tokens, args.dtype, not args.no_vllm, args.ours)
+    scores = cached_scores(args.out / "scores.json", by_folder, key, make_judge)
     return {label: scores[str(d.resolve())] for label, d in heads.items()}
 
 

@@ -144,13 +144,14 @@ def judge_runs(runs: list[TrainerRun], data: ParityData, args, out: Path) -> dic
         return ParityJudge(data.target_dir, args.prompts, args.num_prompts, args.max_new_tokens,
                            getattr(torch, args.dtype), vllm=not args.no_vllm, ours=not args.no_ours)
 
-    return cached_scores(out / "scores.json", {r.trainer: r.head_dir for r in runs}, judge_settings(args), make_judge)
+    return cached_scores(out / "scores.json", {r.trainer: r.head_dir for r in runs}, judges_key(args), make_judge)
 
 
-def judge_settings(args) -> str:
-    """The cache key of a judge's scores: prompts, sizes, dtype and judges; the key without judges means both."""
-    judges = "" if not (args.no_vllm or args.no_ours) else "-vllm" if args.no_ours else "-ours"
-    return f"{args.prompts}-{args.num_prompts}x{args.max_new_tokens}-{args.dtype}{judges}"
+def judges_key(args) -> str:
+    """The cache key of this command's scores (evaluation/parity_judge.py's scores_key, as acceptance's)."""
+    from evaluation.parity_judge import scores_key
+
+    return scores_key(args.prompts, args.num_prompts, args.max_new_tokens, args.dtype, not args.no_vllm, not args.no_ours)
 
 
 def parse_args(argv: list[str] | None):

@@ -95,6 +95,12 @@ def judge_settings(spec_tokens: int) -> dict[str, TreeSettings]:
     return {"chain3": TreeSettings(tree=chain_choices(spec_tokens), lookup=0), "tree": TREES["tree"]}
 
 
+def scores_key(prompts: str, num_prompts: int, max_new_tokens: int, dtype: str, vllm: bool, ours: bool) -> str:
+    """The settings part of a cached score's key (cached_scores): prompts, sizes, dtype and the judges that ran."""
+    judges = "+".join(name for name, on in (("vllm", vllm), ("ours", ours)) if on)
+    return f"{prompts}-{num_prompts}x{max_new_tokens}-{dtype}-{judges}"
+
+
 def cached_scores(path: Path, heads: dict[str, Path], settings: str, make_judge: Callable[[], ParityJudge]
                   ) -> dict[str, dict]:
     """Scores of `heads` (name -> head folder) judged under `settings`, read from the JSON file `path`

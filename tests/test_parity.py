@@ -104,7 +104,7 @@ def test_the_judges_measure_the_head_alone_without_the_default_lookup_chain():
 
 def test_scores_of_one_judge_are_cached_apart_from_both_and_no_judge_is_refused(tmp_path):
     base = ["--store", str(tmp_path), "--out", str(tmp_path / "out")]
-    keys = {parity.judge_settings(parity.parse_args(base + flags)) for flags in ([], ["--no-ours"], ["--no-vllm"])}
+    keys = {parity.judges_key(parity.parse_args(base + flags)) for flags in ([], ["--no-ours"], ["--no-vllm"])}
     assert len(keys) == 3
     with pytest.raises(SystemExit, match="no judge"):
         parity.main(base + ["--no-vllm", "--no-ours"])
