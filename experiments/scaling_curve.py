@@ -41,6 +41,11 @@ class Point:
         return {**asdict(self), "folder": str(self.folder)}
 
 
+def in_order(found) -> list[Point]:
+    """Points by line (trainer and data), then tokens: the table's and the figure's order."""
+    return sorted(found, key=lambda p: (p.line, p.tokens))
+
+
 def read_record(path: Path) -> list[Point]:
     """The points kept in `path` (a JSON list written by write_record); none when it does not exist."""
     if not path.exists():
@@ -52,7 +57,7 @@ def merged(recorded: list[Point], new: list[Point]) -> list[Point]:
     """The recorded points, each replaced by a new point of the same folder and trainer, plus the other new ones."""
     by_key = {(str(p.folder), p.trainer): p for p in recorded}
     by_key.update({(str(p.folder), p.trainer): p for p in new})
-    return sorted(by_key.values(), key=lambda p: (p.line, p.tokens))
+    return in_order(by_key.values())
 
 
 def write_record(path: Path, found: list[Point]) -> None:
@@ -86,7 +91,7 @@ def points(out_dirs: list[Path]) -> list[Point]:
             if judged and from_scratch(run.get("command", "")):
                 found.append(Point(run["trainer"], data_of(run.get("command", "")), int(run["tokens"]),
                                    int(run["recipe"]["steps"]), {k: judged[0].get(k) for k in JUDGES}, out))
-    return sorted(found, key=lambda p: (p.line, p.tokens))
+    return in_order(found)
 
 
 def table(found: list[Point]) -> str:
