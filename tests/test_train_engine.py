@@ -284,6 +284,14 @@ def test_reduced_draft_vocabulary_and_init_head(tiny, tmp_path):
         assert torch.equal(start[key].to(value.dtype), value), key
 
 
+def test_a_fine_tuned_heads_card_names_its_start():
+    from train.export import CardInfo, model_card
+
+    info = CardInfo(target="org/t", target_name="t", data="store", config={"init_head": "runs/a/head"})
+    assert "- Started from: the head in `runs/a/head`" in model_card(info)
+    assert "Started from" not in model_card(CardInfo(target="org/t", target_name="t", data="store", config={}))
+
+
 def test_fine_tuning_keeps_the_starting_heads_vocabulary_beyond_the_stores_tokens(tiny, tmp_path):
     """A store that sees fewer distinct tokens than train.draft_vocab: the vocabulary is the
     store's tokens, most frequent first, then the starting head's tokens the store never saw."""

@@ -73,6 +73,12 @@ def _vocabulary(info: CardInfo) -> str:
     return f"{info.draft_vocab:,} tokens, covering {info.vocab_coverage:.2%} of the training tokens"
 
 
+def _start(info: CardInfo) -> str:
+    """The card's line naming the head a fine-tune started from (none for a head trained from scratch)."""
+    start = info.config.get("init_head")
+    return f"- Started from: the head in `{start}` (its weights and draft vocabulary)\n" if start else ""
+
+
 def model_card(info: CardInfo, repo_id: str | None = None) -> str:
     """A Hub model card (YAML front matter + Markdown) for an exported head."""
     head_ref = repo_id or "path/to/this/folder"
@@ -110,7 +116,7 @@ out = model.eagenerate(input_ids, temperature=0.0, max_new_tokens=256)
 
 - Target: `{info.target}`
 - Data: `{info.data}` ({info.store_records} records, {info.store_tokens} tokens)
-- Steps: {info.steps} optimizer steps ({info.epochs:.2f} epochs)
+{_start(info)}- Steps: {info.steps} optimizer steps ({info.epochs:.2f} epochs)
 - Loss: {_loss(info)}
 - Draft vocabulary: {_vocabulary(info)}
 - Code version: `{info.code_version}`
