@@ -11,6 +11,7 @@ import torch
 from eagle.heads.checkpoint import head_from_state, save_head
 from eagle.heads.eagle2 import DraftConfig
 from eagle.heads.formats import engines
+from eagle.targets.resolve import hub_id
 
 SERVE_HEADING = "## Serve"
 CHECKED = {  # what each engine's check here ran (tests/test_consumers.py, python -m evaluation.serving)
@@ -91,10 +92,10 @@ tags:
 - eagle
 - speculative-decoding
 - draft-model
-base_model: {info.target}
+base_model: {hub_id(info.target)}
 ---
 
-# EAGLE draft head for {info.target_name}
+# {"EAGLE-3" if info.config.get("head") == "eagle3" else "EAGLE"} draft head for {info.target_name}
 
 {_architecture(info)}
 

