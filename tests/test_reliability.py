@@ -284,6 +284,20 @@ def test_an_export_interrupted_while_writing_leaves_the_earlier_one_whole(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["head"]  # no temp folder left behind
 
 
+def test_an_exported_head_is_readable_as_the_umask_allows(tmp_path):
+    """The atomic export's temp folder (mkdtemp: 0700) and safetensors' file (0600) are renamed into
+    place with the modes a plain mkdir/open would give: a team sharing the disk can read the head."""
+    _, head = near_bigram_pair(2)
+    old = os.umask(0o022)
+    try:
+        folder = save_head(tmp_path / "head", head, dtype=torch.float32, card="card")
+    finally:
+        os.umask(old)
+    assert folder.stat().st_mode & 0o777 == 0o755
+    assert {p.name: p.stat().st_mode & 0o777 for p in folder.iterdir()} == {
+        name: 0o644 for name in ("README.md", "config.json", "model.safetensors")}
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_an_export_killed_at_a_seeded_point_never_leaves_a_folder_that_looks_whole(tmp_path, seed):
     """A process re-exporting a head in a loop is SIGKILLed at a seeded moment: the folder named

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from eagle.common.permissions import as_if_created
 from eagle.heads.eagle2 import DraftConfig, DraftHead
 from eagle.heads.eagle3 import Eagle3Head
 from eagle.heads.formats import check_format, export_files, normalise_state, read_config, write_side_files
@@ -65,6 +66,7 @@ def save_head(
         write_side_files(tmp, side)
         if card is not None:
             (tmp / "README.md").write_text(card)
+        as_if_created(tmp)
     except BaseException:  # a full disk, an interrupt: no half-written export is left behind
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -28,6 +28,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from eagle.common.permissions import as_if_created
 from eagle.targets.gguf import convert_gguf
 from eagle.targets.hub import find_snapshot, hub_patterns, hub_snapshot  # hub_patterns: also served from here
 from eagle.targets.packaged import packaged_file
@@ -92,6 +93,7 @@ def _converted(gguf: Callable[[], Path], name: str) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=out.parent))
     try:
         convert_gguf(gguf(), tmp)
+        as_if_created(tmp)
         try:
             os.rename(tmp, out)
         except OSError:  # another process finished first: theirs is as good as ours

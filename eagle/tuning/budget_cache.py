@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from eagle.common.permissions import as_if_created
 from eagle.compiled.graph_cache import matmuls_policy
 from eagle.tuning.tuner import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget
 from eagle.targets.resolve import cache_dir
@@ -92,6 +93,7 @@ def save(key: dict, budget: TreeBudget) -> Path:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     with os.fdopen(fd, "w") as f:
         json.dump({"key": key, "budget": fields}, f, indent=1)
+    as_if_created(tmp)
     os.replace(tmp, path)
     return path
 
