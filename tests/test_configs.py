@@ -54,8 +54,8 @@ def test_unknown_model_preset_is_one_line():
 
 def test_the_shipped_recipe_chains_its_stages():
     """Each stage of the shipped SmolLM2 heads starts from the previous stage's exported head;
-    EAGLE-1/2's stage 3 trains on stage 2's store, so it regenerates nothing; EAGLE-3's stage 2 on
-    conversations past stage 1's."""
+    EAGLE-1/2's stage 3 trains on stage 2's store, so it regenerates nothing; EAGLE-3's later stages on
+    conversations past the stage before's."""
 
     def composed(experiment):
         with initialize_config_dir(config_dir=str(CONF), version_base=None):
@@ -68,10 +68,12 @@ def test_the_shipped_recipe_chains_its_stages():
     assert stage3.train.init_head == f"{stage2.output_dir}/head"
     assert stage3.store_dir == stage2.store_dir and stage3.data.regenerate
     assert (stage2.train.ttt_steps, stage3.train.ttt_steps) == (2, 4)
-    eagle3, slice2 = (composed(e) for e in ("smollm2_eagle3", "smollm2_eagle3_slice2"))
-    assert slice2.train.init_head == f"{eagle3.output_dir}/head"
-    assert slice2.data.offset >= eagle3.data.limit and slice2.store_dir != eagle3.store_dir  # conversations stage 1 never saw
-    assert (slice2.train.draft_vocab, slice2.train.epochs, slice2.train.head) == (8192, 1, "eagle3")
+    slices = [composed(e) for e in ("smollm2_eagle3", "smollm2_eagle3_slice2", "smollm2_eagle3_slice3")]
+    for before, after in zip(slices, slices[1:]):
+        assert after.train.init_head == f"{before.output_dir}/head"
+        # conversations the stage before never saw
+        assert after.data.offset >= before.data.offset + before.data.limit and after.store_dir != before.store_dir
+        assert (after.train.draft_vocab, after.train.epochs, after.train.head) == (8192, 1, "eagle3")
 
 
 def test_the_train_defaults_have_one_value_each():

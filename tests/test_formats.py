@@ -222,6 +222,23 @@ def test_publish_names_the_target_by_the_id_engines_load_it_by(tmp_path):
     assert load_head(out).config.target == "org/tiny"
 
 
+def test_publish_names_a_packaged_target_by_the_hub_model_it_ships(tmp_path):
+    """Without --target, a head trained on the embedded default's alias is published for the Hub
+    model the alias ships (the alias means nothing to vLLM or the Hub); other names stay as they are."""
+    from eagle.targets.resolve import EMBEDDED_DEFAULT
+    from train.publish import main
+
+    for trained_for, published_for in ((EMBEDDED_DEFAULT, "HuggingFaceTB/SmolLM2-135M-Instruct"), ("org/x", "org/x")):
+        _, head = eagle3()
+        head.config.target = trained_for
+        save_head(tmp_path / "head", head, dtype=torch.float32, card="# tiny\n")
+        out = tmp_path / f"spec-{trained_for.replace('/', '_')}"
+        assert main([str(tmp_path / "head"), "--format", "speculators", "--out", str(out)]) == 0
+        config = json.loads((out / "config.json").read_text())
+        assert config["speculators_config"]["verifier"]["name_or_path"] == published_for == config["target"]
+        assert f"vllm serve {published_for} " in (out / "README.md").read_text()
+
+
 def test_a_head_with_speculators_norms_is_offered_only_to_engines_that_have_them(tmp_path):
     """EAGLE's and SGLang's EAGLE-3 layers would load the weights and compute another function
     (SGLang has speculators' norm before fc and on the output, not the one before the residual)."""

@@ -1,7 +1,7 @@
 """Write an exported head in a serving engine's layout, and upload it to the Hugging Face Hub.
 
     python -m train.publish checkpoints/runs/NAME/head --format sglang             # writes .../head-sglang
-    python -m train.publish HEAD --format speculators --target ORG/MODEL   # the target by its Hub id
+    python -m train.publish HEAD --format speculators --target ORG/MODEL   # another name for the target
     python -m train.publish checkpoints/runs/NAME/head --repo-id USER/eagle-NAME [--format vllm] [--private]
 
 `--format` is one of eagle/heads/formats.py's layouts (eagle, vllm, sglang, speculators); the folder
@@ -40,14 +40,16 @@ def convert(directory: str | Path, fmt: str, out: str | Path, repo_id: str | Non
             embedding_from: str | None = None, target: str | None = None) -> Path:
     """The head of `directory` written to `out` in layout `fmt`, its card given the serve commands.
     `target`: the name engines load the target by (a Hub id), recorded in the config (speculators'
-    verifier) and used by the card's commands; default: the one the head was trained with."""
+    verifier) and used by the card's commands; default: the Hub id of the one the head was trained
+    with (eagle/targets/resolve.py `hub_id`: a packaged alias becomes the Hub model it ships)."""
     from eagle.heads.checkpoint import load_head, save_head
     from eagle.heads.formats import FormatError
+    from eagle.targets.resolve import hub_id
     from train.export import serving_card
 
     directory = check_head_dir(directory)
     head = load_head(directory)
-    head.config.target = target or head.config.target
+    head.config.target = target or (hub_id(head.config.target) if head.config.target else None)
     card_path = directory / "README.md"
     card = serving_card(card_path.read_text() if card_path.exists() else "", head, fmt, repo_id)
     extra = _target_embedding(embedding_from) if embedding_from else None
@@ -112,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
                              "from the verifier)")
     parser.add_argument("--target", default=None, metavar="NAME",
                         help="the target's name in the written config and serve commands, e.g. its Hub id "
-                             "(default: the name it was trained under)")
+                             "(default: the Hub id of the one it was trained for)")
     parser.add_argument("--private", action="store_true")
     parser.add_argument("--endpoint", default=None, help="Hub URL (default: HF_ENDPOINT or the public Hub)")
     parser.add_argument("--message", default="Upload EAGLE draft head")
