@@ -294,12 +294,14 @@ def test_a_fine_tuned_heads_card_names_its_start():
 
 
 def test_the_card_names_the_hub_model_of_the_embedded_default_and_an_eagle3_head_as_such():
+    """The alias means nothing on the Hub: the front matter, title and Training section name the Hub model."""
     from train.export import CardInfo, model_card
 
     card = model_card(CardInfo(target="smollm2-135m-instruct", target_name="smollm2-135m-instruct", data="store",
                                config={"head": "eagle3", "draft_vocab": 8}))
     assert "base_model: HuggingFaceTB/SmolLM2-135M-Instruct\n" in card  # the Hub's field takes Hub ids, not aliases
-    assert "\n# EAGLE-3 draft head for smollm2-135m-instruct\n" in card
+    assert "\n# EAGLE-3 draft head for SmolLM2-135M-Instruct\n" in card
+    assert "- Target: `smollm2-135m-instruct` (HuggingFaceTB/SmolLM2-135M-Instruct on the Hub)\n" in card
 
 
 def test_fine_tuning_keeps_the_starting_heads_vocabulary_beyond_the_stores_tokens(tiny, tmp_path):

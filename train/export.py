@@ -51,14 +51,26 @@ def _architecture(info: CardInfo) -> str:
                  if c.get("eagle3_norms") else "EAGLE-3's published layer")
         return (f"An EAGLE-3 draft head (fc over three target layers, one decoder layer, {lm_head} "
                 f"{c.get('draft_vocab')}-token draft vocabulary mapped by `d2t`/`t2d`; {layer}) for lossless "
-                f"speculative decoding of `{info.target}`. The token embedding is the target's and is not stored here.")
+                f"speculative decoding of {_target(info)}. The token embedding is the target's and is not stored here.")
     n = info.head_layers
     layers = "one decoder layer" if n == 1 else f"{n} decoder layers"
     keys = "`layers.0.*`" if n == 1 else f"`layers.0.*` to `layers.{n - 1}.*`"
     return (f"An EAGLE-1/2 draft head ({layers} over the target's last hidden state) for lossless\n"
-            f"speculative decoding of `{info.target}`. The token embedding and `lm_head` are the target's\n"
+            f"speculative decoding of {_target(info)}. The token embedding and `lm_head` are the target's\n"
             f"and are not stored here: `model.safetensors` holds only `fc.*` and {keys}; the draft\n"
             f"vocabulary, most frequent first, is `draft_vocab.json`.")
+
+
+def _target(info: CardInfo) -> str:
+    """The target as the card names it: a packaged alias with the Hub model whose weights it ships."""
+    hub = hub_id(info.target)
+    return f"`{info.target}`" if hub == info.target else f"`{info.target}` ({hub} on the Hub)"
+
+
+def _title(info: CardInfo) -> str:
+    hub = hub_id(info.target)
+    name = info.target_name if hub == info.target else hub.rsplit("/", 1)[-1]
+    return f"{'EAGLE-3' if info.config.get('head') == 'eagle3' else 'EAGLE'} draft head for {name}"
 
 
 def _loss(info: CardInfo) -> str:
@@ -95,7 +107,7 @@ tags:
 base_model: {hub_id(info.target)}
 ---
 
-# {"EAGLE-3" if info.config.get("head") == "eagle3" else "EAGLE"} draft head for {info.target_name}
+# {_title(info)}
 
 {_architecture(info)}
 
@@ -115,7 +127,7 @@ out = model.eagenerate(input_ids, temperature=0.0, max_new_tokens=256)
 
 ## Training
 
-- Target: `{info.target}`
+- Target: {_target(info)}
 - Data: `{info.data}` ({info.store_records} records, {info.store_tokens} tokens)
 {_start(info)}- Steps: {info.steps} optimizer steps ({info.epochs:.2f} epochs)
 - Loss: {_loss(info)}
