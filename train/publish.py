@@ -49,7 +49,7 @@ def convert(directory: str | Path, fmt: str, out: str | Path, repo_id: str | Non
 
     directory = check_head_dir(directory)
     head = load_head(directory)
-    head.config.target = target or (hub_id(head.config.target) if head.config.target else None)
+    head.config.target = target or hub_id(head.config.target)  # config.target is a str ("" when unknown)
     card_path = directory / "README.md"
     card = serving_card(card_path.read_text() if card_path.exists() else "", head, fmt, repo_id)
     extra = _target_embedding(embedding_from) if embedding_from else None
