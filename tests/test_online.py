@@ -260,3 +260,14 @@ def test_a_training_job_resolves_its_target_once(tiny_dir, chats, tmp_path, reso
     run(cfg_for(tiny_dir, chats, tmp_path / "store", tmp_path / "run", f"train.features={features}",
                 "train.max_steps=2", "train.tau_every=2", "train.tau_num_prompts=1", "train.tau_max_new_tokens=4"))
     assert dict(resolutions) == {"resolve_target": 1, "load_tokenizer": 1}
+
+
+def test_a_card_names_a_store_in_the_home_directory_under_tilde():
+    """The card's data line names the store without the user's home directory (it goes to the Hub)."""
+    from pathlib import Path
+
+    from train.feature_source import StoreFeatures
+
+    assert StoreFeatures(None, str(Path.home() / "stores" / "s")).describe() == "~/stores/s"
+    assert StoreFeatures(None, "/srv/stores/s").describe() == "/srv/stores/s"
+    assert StoreFeatures(None, "stores/s").describe() == "stores/s"

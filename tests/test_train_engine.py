@@ -163,7 +163,7 @@ def test_exported_head_reproduces_trained_module(tiny, tmp_path):
     card = (result.head_dir / "README.md").read_text()
     assert "EaModel.from_pretrained" in card and "top1" in card and str(tiny[0]) in card
     assert sorted(p.name for p in result.head_dir.iterdir()) == ["README.md", "config.json", "draft_vocab.json",
-                                                                  "model.safetensors"]
+                                                                  "model.safetensors", "training.json"]
     assert set(load_file(str(result.head_dir / "model.safetensors"))) == set(head.state_dict())
     assert "## Serve" in card
     assert head.draft_ids is not None and head.draft_ids.numel() > 0  # training tokens, most frequent first
@@ -282,6 +282,25 @@ def test_reduced_draft_vocabulary_and_init_head(tiny, tmp_path):
     start = second.engine.module.state_dict()
     for key, value in head.state_dict().items():
         assert torch.equal(start[key].to(value.dtype), value), key
+
+
+def test_a_head_trained_in_stages_keeps_every_stage(tiny, tmp_path):
+    """A fine-tune's head records its starting head's stages and its own (training.json); its card
+    lists them all, and a conversion to another layout carries them along."""
+    from train.publish import convert
+    from train.stages import STAGES_FILE, read_stages
+
+    first = Trainer(make_cfg(tiny, tmp_path / "a", "train.max_steps=2")).fit().head_dir
+    (stage1,) = read_stages(first)
+    assert (stage1.steps, stage1.records) == (2, 48) and stage1.tokens > 0
+    second = Trainer(make_cfg(tiny, tmp_path / "b", "train.max_steps=1", f"train.init_head={first}")).fit().head_dir
+    stages = read_stages(second)
+    assert stages[0] == stage1 and stages[1].steps == 1 and len(stages) == 2
+    card = (second / "README.md").read_text()
+    assert "- Data, in 2 stages, each starting from the head the one before made:\n  1. `" in card
+    assert f"  2. {stages[1].line()}\n- Started from: the head in `{first}`" in card
+    converted = convert(second, "sglang", tmp_path / "sglang")
+    assert (converted / STAGES_FILE).read_text() == (second / STAGES_FILE).read_text()
 
 
 def test_a_fine_tuned_heads_card_names_its_start():

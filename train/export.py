@@ -12,6 +12,7 @@ from eagle.heads.checkpoint import head_from_state, save_head
 from eagle.heads.eagle2 import DraftConfig
 from eagle.heads.formats import engines
 from eagle.targets.resolve import hub_id
+from train.stages import STAGES_FILE, Stage, stages_text
 
 SERVE_HEADING = "## Serve"
 CHECKED = {  # what each engine's check here ran (tests/test_consumers.py, python -m evaluation.serving)
@@ -40,6 +41,15 @@ class CardInfo:
     head_layers: int = 1  # decoder layers of an EAGLE-1/2 head
     draft_vocab: int | None = None  # tokens the draft scores (None: the whole vocabulary)
     vocab_coverage: float = 1.0  # share of the training tokens inside the draft vocabulary
+    earlier: list[Stage] = field(default_factory=list)  # the starting head's stages (train/stages.py)
+
+    def stage(self) -> Stage:
+        """This run as a training stage."""
+        return Stage(self.data, self.store_records, self.store_tokens, self.steps, round(self.epochs, 4),
+                     round(self.vocab_coverage, 6) if self.draft_vocab else None, self.code_version)
+
+    def stages(self) -> list[Stage]:
+        return [*self.earlier, self.stage()]
 
 
 def _architecture(info: CardInfo) -> str:
@@ -83,7 +93,19 @@ def _loss(info: CardInfo) -> str:
 def _vocabulary(info: CardInfo) -> str:
     if not info.draft_vocab:
         return "the whole vocabulary"
+    if info.earlier:  # each stage's line gives its coverage
+        return f"{info.draft_vocab:,} tokens"
     return f"{info.draft_vocab:,} tokens, covering {info.vocab_coverage:.2%} of the training tokens"
+
+
+def _data(info: CardInfo) -> str:
+    """The card's lines on what the head trained on: this run's, or every stage's for a head trained in stages."""
+    if not info.earlier:
+        return (f"- Data: `{info.data}` ({info.store_records} records, {info.store_tokens} tokens)\n{_start(info)}"
+                f"- Steps: {info.steps} optimizer steps ({info.epochs:.2f} epochs)\n")
+    stages = info.stages()
+    listed = "".join(f"  {i}. {s.line()}\n" for i, s in enumerate(stages, 1))
+    return f"- Data, in {len(stages)} stages, each starting from the head the one before made:\n{listed}{_start(info)}"
 
 
 def _start(info: CardInfo) -> str:
@@ -128,9 +150,7 @@ out = model.eagenerate(input_ids, temperature=0.0, max_new_tokens=256)
 ## Training
 
 - Target: {_target(info)}
-- Data: `{info.data}` ({info.store_records} records, {info.store_tokens} tokens)
-{_start(info)}- Steps: {info.steps} optimizer steps ({info.epochs:.2f} epochs)
-- Loss: {_loss(info)}
+{_data(info)}- Loss: {_loss(info)}
 - Draft vocabulary: {_vocabulary(info)}
 - Code version: `{info.code_version}`
 
@@ -203,12 +223,13 @@ def serving_card(card: str, head_model, fmt: str, repo_id: str | None = None, ta
 
 
 def export_head(directory: str | Path, state: dict[str, torch.Tensor], config: DraftConfig,
-                card: str, dtype: torch.dtype = torch.bfloat16, vocab_ids: torch.Tensor | None = None,
+                info: CardInfo, dtype: torch.dtype = torch.bfloat16, vocab_ids: torch.Tensor | None = None,
                 repo_id: str | None = None) -> Path:
     """Build the head from a full state dict and save it atomically (`eagle` layout) with its card,
-    which gets the serve commands of the engines that load it.
+    which gets the serve commands of the engines that load it, and its training stages.
 
     vocab_ids [N]: the draft vocabulary (target ids, most frequent first) stored with the head.
     """
     head = head_from_state(state, config, vocab_ids)
-    return save_head(directory, head, dtype=dtype, card=serving_card(card, head, "eagle", repo_id))
+    card = serving_card(model_card(info, repo_id), head, "eagle", repo_id)
+    return save_head(directory, head, dtype=dtype, card=card, files={STAGES_FILE: stages_text(info.stages())})

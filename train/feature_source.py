@@ -16,6 +16,7 @@ a ZeRO partition or a checkpoint. EAGLE-3's token loss reads the target's distri
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -52,7 +53,9 @@ class StoreFeatures:
         return int(self.records.manifest.get("tokens", 0))
 
     def describe(self) -> str:
-        return str(self.store_dir)
+        """The store's folder, under ~ when it is in the home directory (cards name no user's home)."""
+        store, home = Path(self.store_dir), Path.home()
+        return f"~/{store.relative_to(home)}" if store.is_absolute() and store.is_relative_to(home) else str(store)
 
 
 @dataclass

@@ -38,7 +38,8 @@ def check_head_dir(directory: str | Path) -> Path:
 
 def convert(directory: str | Path, fmt: str, out: str | Path, repo_id: str | None = None,
             embedding_from: str | None = None, target: str | None = None) -> Path:
-    """The head of `directory` written to `out` in layout `fmt`, its card given the serve commands.
+    """The head of `directory` written to `out` in layout `fmt`, its card given the serve commands
+    (its training stages, train/stages.py, go along).
     `target`: the name engines load the target by (a Hub id), recorded in the config (speculators'
     verifier) and used by the card's commands; default: the Hub id of the one the head was trained
     with (eagle/targets/resolve.py `hub_id`: a packaged alias becomes the Hub model it ships)."""
@@ -46,6 +47,7 @@ def convert(directory: str | Path, fmt: str, out: str | Path, repo_id: str | Non
     from eagle.heads.formats import FormatError
     from eagle.targets.resolve import hub_id
     from train.export import serving_card
+    from train.stages import STAGES_FILE
 
     directory = check_head_dir(directory)
     head = load_head(directory)
@@ -53,8 +55,10 @@ def convert(directory: str | Path, fmt: str, out: str | Path, repo_id: str | Non
     card_path = directory / "README.md"
     card = serving_card(card_path.read_text() if card_path.exists() else "", head, fmt, repo_id)
     extra = _target_embedding(embedding_from) if embedding_from else None
+    stages = directory / STAGES_FILE
+    files = {STAGES_FILE: stages.read_text()} if stages.is_file() else None
     try:
-        return save_head(out, head, dtype=next(head.parameters()).dtype, card=card, fmt=fmt, extra=extra)
+        return save_head(out, head, dtype=next(head.parameters()).dtype, card=card, fmt=fmt, extra=extra, files=files)
     except FormatError as e:
         raise PublishError(f"{directory} as {fmt}: {e}") from None
 

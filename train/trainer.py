@@ -40,7 +40,7 @@ from train.checkpoints import check_resumable, resume_from, save_checkpoint, ste
 from train.cross_precision import load_checkpoint
 from train.data import Batch, BatchPlan, length_batches, loader, loader_settings, split_indices
 from train.engine import build_engine, compute_dtype, ds_config, full_state_dict, init_distributed, on_device
-from train.export import CardInfo, export_head, model_card
+from train.export import CardInfo, export_head
 from train.feature_source import open_features
 from train.frozen import Frozen, frozen_of, load_frozen
 from train.head_config import draft_config
@@ -48,6 +48,7 @@ from train.head_init import freeze_lm_head, initial_head, start_from_target
 from train.judge import Judge, judge_wanted
 from train.output_layout import output_layout, use_layout
 from train.loss import LossOutput, Pairs, eagle3_loss, eagle_loss, make_pairs, summarize, uniform_noise, vocab_target
+from train.stages import read_stages
 from train.tracking import Tracker, code_version
 from train.unroll import unrolled_forward
 from train.vocab_choice import TrainingVocabulary, token_counts
@@ -315,8 +316,8 @@ class Trainer:
         state = full_state_dict(self.engine)  # collective under ZeRO-3
         head_dir = self.output_dir / HEAD
         if self.rank == 0:
-            card = model_card(self.card_info(train_metrics, eval_metrics), self.cfg.hub.repo_id)
-            export_head(head_dir, state, self.draft_config, card, getattr(torch, self.cfg.train.export_dtype),
+            export_head(head_dir, state, self.draft_config, self.card_info(train_metrics, eval_metrics),
+                        getattr(torch, self.cfg.train.export_dtype),
                         self.vocab.stored(), self.cfg.hub.repo_id)
         distributed.barrier("rank 0's export of the head")
         return head_dir
@@ -332,7 +333,7 @@ class Trainer:
             config=OmegaConf.to_container(self.cfg.train, resolve=True), code_version=code_version(),
             head_layers=self.draft_config.num_hidden_layers,
             draft_vocab=None if self.vocab.stored() is None else self.vocab.stored().numel(),
-            vocab_coverage=self.vocab.coverage,
+            vocab_coverage=self.vocab.coverage, earlier=read_stages(self.cfg.train.init_head),
         )
 
     # ---------------------------------------------------------------- logging

@@ -46,9 +46,11 @@ def save_head(
     card: str | None = None,
     fmt: str = "eagle",
     extra: dict[str, torch.Tensor] | None = None,
+    files: dict[str, str] | None = None,
 ) -> Path:
     """Write the head in the layout `fmt` (eagle/heads/formats.py), atomically: a temp dir renamed over
-    any earlier export. `extra`: more tensors to store, e.g. the target's `embed_tokens.weight`."""
+    any earlier export. `extra`: more tensors to store, e.g. the target's `embed_tokens.weight`;
+    `files`: more text files by name, e.g. the training stages (train/stages.py)."""
     check_format(fmt, head.config)
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -64,8 +66,8 @@ def save_head(
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         write_side_files(tmp, side)
-        if card is not None:
-            (tmp / "README.md").write_text(card)
+        for name, text in {**(files or {}), **({"README.md": card} if card is not None else {})}.items():
+            (tmp / name).write_text(text)
         as_if_created(tmp)
     except BaseException:  # a full disk, an interrupt: no half-written export is left behind
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,0 +1,55 @@
+"""A head's training stages: every run on the way to it, oldest first, kept beside the head.
+
+A head trained from scratch has one stage; a fine-tune (`train.init_head`) has its starting head's
+stages plus its own. They are written to `training.json` in every exported layout, so that the
+model card of a head trained slice by slice across sessions lists all the data it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+STAGES_FILE = "training.json"
+
+
+@dataclass
+class Stage:
+    """One training run: what it trained on and for how long."""
+
+    data: str  # the data selection and its store
+    records: int
+    tokens: int
+    steps: int
+    epochs: float
+    vocab_coverage: float | None = None  # share of its training tokens inside the draft vocabulary
+    code_version: str = "unknown"
+
+    def line(self) -> str:
+        """The stage as the model card lists it."""
+        cover = "" if self.vocab_coverage is None else f"; the draft vocabulary covers {self.vocab_coverage:.2%} of its tokens"
+        return (f"`{self.data}` ({self.records:,} records, {self.tokens:,} tokens): {self.steps} steps "
+                f"({self.epochs:.2f} epochs){cover}")
+
+
+def read_stages(head_dir: str | Path | None) -> list[Stage]:
+    """The stages recorded beside the head in `head_dir`; none for no head or a head exported without them."""
+    if not head_dir:
+        return []
+    path = Path(head_dir) / STAGES_FILE
+    if not path.is_file():
+        log.warning("%s has no %s: the new card lists this run's stage only", head_dir, STAGES_FILE)
+        return []
+    try:
+        return [Stage(**raw) for raw in json.loads(path.read_text())["stages"]]
+    except (ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a list of training stages ({e})") from None
+
+
+def stages_text(stages: list[Stage]) -> str:
+    """`training.json`'s text."""
+    return json.dumps({"stages": [asdict(s) for s in stages]}, indent=1) + "\n"
