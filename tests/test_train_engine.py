@@ -530,3 +530,13 @@ def test_a_full_disk_in_the_middle_of_a_checkpoint_resumes_from_the_one_before(t
     a = load_file(str(tmp_path / "a" / "head" / "model.safetensors"))
     b = load_file(str(tmp_path / "b" / "head" / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_malformed_stages_file_is_named_before_training(tiny, tmp_path):
+    """A starting head whose training.json is not a list of stages fails at start, naming the file."""
+    from train.stages import STAGES_FILE
+
+    head_dir = Trainer(make_cfg(tiny, tmp_path / "a", "train.max_steps=1")).fit().head_dir
+    (head_dir / STAGES_FILE).write_text('{"stages": [{"data": "x"}]}')
+    with pytest.raises(ValueError, match=f"{head_dir / STAGES_FILE}: not a list of training stages"):
+        Trainer(make_cfg(tiny, tmp_path / "b", "train.max_steps=1", f"train.init_head={head_dir}"))

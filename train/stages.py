@@ -36,10 +36,8 @@ class Stage:
                 f"({self.epochs:.2f} epochs){cover}")
 
 
-def read_stages(head_dir: str | Path | None) -> list[Stage]:
-    """The stages recorded beside the head in `head_dir`; none for no head or a head exported without them."""
-    if not head_dir:
-        return []
+def read_stages(head_dir: str | Path) -> list[Stage]:
+    """The stages recorded beside the head in the folder `head_dir`; none for a head exported without them."""
     path = Path(head_dir) / STAGES_FILE
     if not path.is_file():
         log.warning("%s has no %s: the new card lists this run's stage only", head_dir, STAGES_FILE)

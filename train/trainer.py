@@ -33,7 +33,7 @@ import train.metrics as stats
 from eagle.common import distributed
 from data_prep.data_config import TargetFiles, prep_config, resolve
 from data_prep.prompt_sets import held_back_prompts
-from eagle.heads.checkpoint import load_head
+from eagle.heads.checkpoint import load_head, resolve_head_dir
 from eagle.targets.resolve import local_device
 from eagle.heads.draft_vocab import draft_vocab_size
 from train.checkpoints import check_resumable, resume_from, save_checkpoint, step_tag
@@ -86,6 +86,7 @@ class Trainer:
         self.features = open_features(cfg, prep, self.target, self.device)
         self.records = self.features.records  # FeatureStore | TokenRecords: the same records either way
         start = load_head(t.init_head, dtype=torch.float32) if t.init_head else None  # fine-tuning's starting head
+        self.earlier_stages = read_stages(resolve_head_dir(t.init_head)) if t.init_head else []  # its training.json
         self.draft_config = draft_config(self.target_dir, cfg, start)
         self.eagle3 = self.draft_config.architecture == "eagle3"
         self.features.check(self.draft_config, str(cfg.model.path))
@@ -333,7 +334,7 @@ class Trainer:
             config=OmegaConf.to_container(self.cfg.train, resolve=True), code_version=code_version(),
             head_layers=self.draft_config.num_hidden_layers,
             draft_vocab=None if self.vocab.stored() is None else self.vocab.stored().numel(),
-            vocab_coverage=self.vocab.coverage, earlier=read_stages(self.cfg.train.init_head),
+            vocab_coverage=self.vocab.coverage, earlier=self.earlier_stages,
         )
 
     # ---------------------------------------------------------------- logging
