@@ -68,8 +68,7 @@ def test_the_shipped_recipe_chains_its_stages():
     assert stage3.train.init_head == f"{stage2.output_dir}/head"
     assert stage3.store_dir == stage2.store_dir and stage3.data.regenerate
     assert (stage2.train.ttt_steps, stage3.train.ttt_steps) == (2, 4)
-    stages = ("smollm2_eagle3", "smollm2_eagle3_slice2", "smollm2_eagle3_slice3", "smollm2_eagle3_slice4")
-    slices = [composed(e) for e in stages]
+    slices = [composed(e) for e in ("smollm2_eagle3", *(f"smollm2_eagle3_slice{n}" for n in range(2, 6)))]
     for before, after in zip(slices, slices[1:]):
         assert after.train.init_head == f"{before.output_dir}/head"
         # conversations the stage before never saw
