@@ -85,8 +85,9 @@ class Trainer:
         self.device = local_device()  # DeepSpeed places the head on the same accelerator (online: the target too)
         self.features = open_features(cfg, prep, self.target, self.device)
         self.records = self.features.records  # FeatureStore | TokenRecords: the same records either way
-        start = load_head(t.init_head, dtype=torch.float32) if t.init_head else None  # fine-tuning's starting head
-        self.earlier_stages = read_stages(resolve_head_dir(t.init_head)) if t.init_head else []  # its training.json
+        start_dir = resolve_head_dir(t.init_head) if t.init_head else None  # fine-tuning's start; a Hub id fetched once
+        start = load_head(start_dir, dtype=torch.float32) if start_dir else None
+        self.earlier_stages = read_stages(start_dir) if start_dir else []  # its training.json
         self.draft_config = draft_config(self.target_dir, cfg, start)
         self.eagle3 = self.draft_config.architecture == "eagle3"
         self.features.check(self.draft_config, str(cfg.model.path))
