@@ -66,8 +66,10 @@ def save_head(
         save_file(state, str(tmp / WEIGHTS), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
         write_side_files(tmp, side)
-        for name, text in {**(files or {}), **({"README.md": card} if card is not None else {})}.items():
+        for name, text in (files or {}).items():
             (tmp / name).write_text(text)
+        if card is not None:
+            (tmp / "README.md").write_text(card)
         as_if_created(tmp)
     except BaseException:  # a full disk, an interrupt: no half-written export is left behind
         shutil.rmtree(tmp, ignore_errors=True)
