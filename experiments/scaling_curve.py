@@ -8,9 +8,13 @@ the run) and were judged alike (the same `--num-prompts` and `--max-new-tokens`)
 of every folder is one point: its trainer, the tokens it trained on (`run.json`), and τ of vLLM's
 3-token chain, of our 3-token chain and of our EAGLE-2 tree. Prints the markdown table; `--plot`
 draws τ against tokens on a log axis, one panel per judge, one line per trainer and data (the store's).
-`--record FILE` keeps the points in git (the parity outputs stay out of it): the file's points are
-read, a folder's points replace the recorded ones of the same folder and trainer, and the file is
-written back, so the figure is redrawn from the record alone (no OUT_DIR) or with new runs added.
+An OUT_DIR may also be an `evaluation.acceptance` output (`--out`): each head it judged that keeps
+a `training.json` (train/stages.py) is a point of the line "ARCH in stages (JUDGE)", at the distinct
+tokens of its stages (a stage over data an earlier stage saw adds none) and the sum of their steps,
+so a head trained slice by slice across sessions draws its own curve.
+`--record FILE` keeps the points in git (the run outputs stay out of it): the file's points are
+read, a folder's points replace the recorded ones of the same folder, trainer, tokens and steps, and the
+file is written back, so the figure is redrawn from the record alone (no OUT_DIR) or with new runs added.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from train.stages import STAGES_FILE, read_stages
 
 JUDGES = {"vllm_tau": "vLLM k=3", "chain3_tau": "ours, chain 3", "tree_tau": "ours, tree"}
 
@@ -54,9 +60,10 @@ def read_record(path: Path) -> list[Point]:
 
 
 def merged(recorded: list[Point], new: list[Point]) -> list[Point]:
-    """The recorded points, each replaced by a new point of the same folder and trainer, plus the other new ones."""
-    by_key = {(str(p.folder), p.trainer): p for p in recorded}
-    by_key.update({(str(p.folder), p.trainer): p for p in new})
+    """The recorded points, each replaced by a new point of the same folder, trainer, tokens and steps, plus the
+    other new ones."""
+    by_key = {(str(p.folder), p.trainer, p.tokens, p.steps): p for p in recorded}
+    by_key.update({(str(p.folder), p.trainer, p.tokens, p.steps): p for p in new})
     return in_order(by_key.values())
 
 
@@ -81,7 +88,8 @@ def from_scratch(command: str) -> bool:
 
 
 def points(out_dirs: list[Path]) -> list[Point]:
-    """Every judged run of the parity outputs in `out_dirs`, by trainer, then tokens."""
+    """Every judged run of the parity outputs and every staged head of the acceptance outputs in
+    `out_dirs`, by line, then tokens."""
     found = []
     for out in out_dirs:
         scores = json.loads((out / "scores.json").read_text()) if (out / "scores.json").exists() else {}
@@ -91,7 +99,25 @@ def points(out_dirs: list[Path]) -> list[Point]:
             if judged and from_scratch(run.get("command", "")):
                 found.append(Point(run["trainer"], data_of(run.get("command", "")), int(run["tokens"]),
                                    int(run["recipe"]["steps"]), {k: judged[0].get(k) for k in JUDGES}, out))
+        found += staged_points(out, scores)
     return in_order(found)
+
+
+def staged_points(out: Path, scores: dict) -> list[Point]:
+    """The heads judged in an acceptance output's `scores` (keys "HEAD_DIR|JUDGE") that keep their stages."""
+    found = []
+    for key, judged in scores.items():
+        head, judge = key.split("|", 1)
+        stages = read_stages(head) if (Path(head) / STAGES_FILE).is_file() else []
+        if not stages:
+            continue
+        arch = json.loads((Path(head) / "config.json").read_text()).get("architecture", "head")
+        seen = {}  # data -> tokens, in stage order: a later pass over the same data adds no tokens
+        for stage in stages:
+            seen.setdefault(stage.data, stage.tokens)
+        found.append(Point(f"{arch} in stages ({judge})", stages[0].data.split(" (")[0], sum(seen.values()),
+                           sum(s.steps for s in stages), {k: judged.get(k) for k in JUDGES}, out))
+    return found
 
 
 def table(found: list[Point]) -> str:
@@ -125,7 +151,7 @@ def plot(found: list[Point], path: Path) -> None:
         ax.set_xscale("log")
         ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_title(f"τ {JUDGES[key]}")
-        ax.set_xlabel("training tokens (one pass)")
+        ax.set_xlabel("distinct training tokens")
         ax.grid(True, which="both", alpha=0.3)
     axes[0][0].set_ylabel("τ (tokens per target forward)")
     handles = {h.get_label(): h for ax in axes[0] for h in ax.get_lines()}
@@ -137,12 +163,12 @@ def plot(found: list[Point], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m experiments.scaling_curve", description=__doc__.splitlines()[0])
-    ap.add_argument("out_dirs", nargs="*", type=Path, help="evaluation.parity output folders")
+    ap.add_argument("out_dirs", nargs="*", type=Path, help="evaluation.parity or evaluation.acceptance output folders")
     ap.add_argument("--record", type=Path, default=None, help="the points kept in git: read, updated, written back")
     ap.add_argument("--plot", type=Path, default=None, help="write the figure here (PNG)")
     args = ap.parse_args(argv)
     if not args.out_dirs and not args.record:
-        ap.error("give parity output folders, a --record, or both")
+        ap.error("give output folders, a --record, or both")
     new = points(args.out_dirs)
     if args.out_dirs and not new:
         raise SystemExit(f"error: no judged runs in {', '.join(map(str, args.out_dirs))}")

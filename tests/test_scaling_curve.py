@@ -57,3 +57,33 @@ def test_the_record_keeps_earlier_points_and_a_rerun_replaces_its_own(tmp_path):
         ("ours-eagle2@ours", 750_000, 1.31), ("ours-eagle3@ref", 1_500_000, 1.46)]
     assert (tmp_path / "c.png").exists()
     scaling_curve.main(["--record", str(record)])  # the record alone redraws
+
+
+def staged_head(folder, stages: list[tuple[str, int, int]]):
+    """A head folder whose training.json lists (data, tokens, steps) per stage."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"architecture": "eagle3"}))
+    (folder / "training.json").write_text(json.dumps({"stages": [
+        {"data": f"sharegpt_packaged (~/stores/{data})", "records": 1, "tokens": tokens, "steps": steps, "epochs": 1.0}
+        for data, tokens, steps in stages]}))
+    return folder
+
+
+def test_an_acceptance_output_adds_each_staged_head_at_its_distinct_tokens(tmp_path):
+    s1 = [("first", 500_000, 400)]
+    two = staged_head(tmp_path / "s2", s1 + [("second", 800_000, 190)])
+    again = staged_head(tmp_path / "s3", s1 + [("second", 800_000, 190), ("first", 500_000, 130)])  # a second pass
+    bare = tmp_path / "old"  # judged, but exported before heads kept their stages: no point
+    bare.mkdir()
+    judge = "mtbench-80x256-bfloat16-vllm"
+    out = tmp_path / "acceptance"
+    out.mkdir()
+    (out / "scores.json").write_text(json.dumps({f"{two}|{judge}": {"vllm_tau": 1.55, "vllm_accept": [0.4]},
+                                                 f"{again}|{judge}": {"vllm_tau": 1.6},
+                                                 f"{bare}|{judge}": {"vllm_tau": 1.4}}))
+    record = tmp_path / "points.json"
+    scaling_curve.main([str(out), "--record", str(record)])
+    found = scaling_curve.read_record(record)
+    assert [(p.trainer, p.data, p.tokens, p.steps, p.scores["vllm_tau"]) for p in found] == [
+        (f"eagle3 in stages ({judge})", "sharegpt_packaged", 1_300_000, 590, 1.55),
+        (f"eagle3 in stages ({judge})", "sharegpt_packaged", 1_300_000, 720, 1.6)]
