@@ -252,6 +252,21 @@ def test_the_loader_throughput_tool_runs(capsys):
     assert result["loader"][0]["tokens_per_s"] > 0 and result["bare_step"]["tokens_per_s"] > 0
 
 
+def test_an_eagle2_fine_tune_keeps_its_starting_vocabulary_first_when_asked():
+    """By default the store's ranking wins and the start only tops it up; with keep_init_vocab the start's
+    list comes first in its own order, so the head's stored list (the first `size`) is the start's."""
+    from train.vocab_choice import TrainingVocabulary
+
+    counts = torch.zeros(20, dtype=torch.int64)
+    counts[10:16] = torch.arange(6, 0, -1)  # the new store sees tokens 10-15
+    start = torch.tensor([3, 12, 1, 7])  # the starting head's list, most frequent first
+    rerank = TrainingVocabulary.choose(counts, 4, eagle3=False, start=start)
+    assert rerank.stored().tolist() == [10, 11, 12, 13]
+    kept = TrainingVocabulary.choose(counts, 4, eagle3=False, start=start, keep_start=True)
+    assert kept.stored().tolist() == [3, 12, 1, 7] and kept.ids.tolist() == [3, 12, 1, 7, 10, 11, 13, 14, 15]
+    assert kept.coverage == pytest.approx(4 / 21)  # of the store's 21 counted tokens, only token 12's 4
+
+
 def test_a_large_vocabulary_gets_a_draft_vocabulary_by_default():
     from eagle.heads.draft_vocab import draft_vocab_size
     from train.vocab_choice import TrainingVocabulary

@@ -24,6 +24,7 @@ class TrainConfig:
     lr: float = 3e-5
     init_head: str | None = None  # start from an exported head's weights (fine-tuning)
     draft_vocab: int | None = None  # token loss over the N most frequent training tokens (None: all; 32,768 above 65,536)
+    keep_init_vocab: bool = False  # EAGLE-1/2 fine-tune: the init_head's draft tokens first, in its order
     ttt_steps: int = 1  # training-time test: passes of the head over its own predictions (1 = plain EAGLE)
     ttt_decay: float = 0.8  # loss weight of pass i is ttt_decay**i
     ttt_detach: bool = True  # no gradient from a pass into the previous one

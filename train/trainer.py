@@ -99,7 +99,7 @@ class Trainer:
         counts = token_counts(self.records, self.train_idx, self.draft_config.vocab_size)  # [V]
         size = draft_vocab_size(t.draft_vocab, self.draft_config.vocab_size)  # large vocabularies: 32k by default
         self.vocab = TrainingVocabulary.choose(counts, size, self.eagle3, self.draft_config.draft_vocab_size,
-                                               None if start is None else start.draft_ids)
+                                               None if start is None else start.draft_ids, t.keep_init_vocab)
         self.loss_lm_head = self.vocab.loss_rows(self.frozen.lm_head)  # [Vd, H] of the EAGLE-1/2 token loss
         self.loss_vocab = self.vocab.eagle3_target(self.draft_config.vocab_size, self.device)  # EAGLE-3 token loss
         self.plan = BatchPlan(self.train_idx, self.lengths, t.batch_tokens, cfg.seed, self.rank, self.world)

@@ -5,9 +5,10 @@ Counting happens over the tokens the draft has to predict in training: the assis
 
 - EAGLE-1/2: every token the store holds, most frequent first, topped up with the tokens of
   the starting head (`train.init_head`) the store lacks, so a fine-tune on a small store keeps
-  its start's vocabulary. The token loss runs over the first `train.draft_vocab` of them (the
-  whole lm_head when unset); the head stores those (every listed token when unset, for the
-  decoder's `draft_vocab=N` later).
+  its start's vocabulary; with `train.keep_init_vocab` the starting head's list comes first, in
+  its order (the next slice of the same corpus: the head keeps drafting the tokens it was chosen
+  for). The token loss runs over the first `train.draft_vocab` of them (the whole lm_head when
+  unset); the head stores those (every listed token when unset, for the decoder's `draft_vocab=N` later).
 - EAGLE-3: exactly its lm_head's rows, the `train.draft_vocab` most frequent tokens (unseen ones
   last by id); none when that is the whole vocabulary. A fine-tune keeps its starting head's
   ids: row i of the lm_head it starts from scores that head's i-th draft token, so another
@@ -56,14 +57,17 @@ class TrainingVocabulary:
 
     @classmethod
     def choose(cls, counts: torch.Tensor, size: int | None, eagle3: bool, draft_rows: int | None = None,
-               start: torch.Tensor | None = None) -> "TrainingVocabulary":
+               start: torch.Tensor | None = None, keep_start: bool = False) -> "TrainingVocabulary":
         """counts [V] of the training tokens; draft_rows: an EAGLE-3 head's lm_head rows; start: the
-        starting head's stored ids (fine-tuning)."""
+        starting head's stored ids (fine-tuning), kept first by an EAGLE-1/2 head with keep_start."""
         if eagle3 and start is not None:
             ids = start  # the starting lm_head's rows score these tokens, in this order
             log.info("draft vocabulary: the %d tokens of train.init_head", ids.numel())
         elif eagle3:
             ids = ranked_ids(counts, draft_rows, seen_only=False) if draft_rows < counts.numel() else None
+        elif keep_start and start is not None:
+            ids = top_up(start, ranked_ids(counts), None)
+            log.info("draft vocabulary: the %d tokens of train.init_head first", start.numel())
         else:
             seen = ranked_ids(counts)
             ids = top_up(seen, start, size)
