@@ -303,6 +303,20 @@ def test_a_head_trained_in_stages_keeps_every_stage(tiny, tmp_path):
     assert (converted / STAGES_FILE).read_text() == (second / STAGES_FILE).read_text()
 
 
+def test_a_stage_names_the_code_that_ran_not_the_code_at_export(tiny, tmp_path, monkeypatch):
+    """A commit landing during a long run does not relabel it: the version is read when the run starts."""
+    import train.trainer
+    from train.stages import read_stages
+
+    tree = {"commit": "abc-at-start"}
+    monkeypatch.setattr(train.trainer, "code_version", lambda: tree["commit"])
+    trainer = Trainer(make_cfg(tiny, tmp_path / "a", "train.max_steps=1"))
+    tree["commit"] = "def-committed-meanwhile"
+    head = trainer.fit().head_dir
+    assert read_stages(head)[0].code_version == "abc-at-start"
+    assert "- Code version: `abc-at-start`" in (head / "README.md").read_text()
+
+
 def test_a_fine_tuned_heads_card_names_its_start():
     from train.export import CardInfo, model_card
 

@@ -88,6 +88,7 @@ class Trainer:
         start_dir = resolve_head_dir(t.init_head) if t.init_head else None  # fine-tuning's start; a Hub id fetched once
         start = load_head(start_dir, dtype=torch.float32) if start_dir else None
         self.earlier_stages = read_stages(start_dir) if start_dir else []  # its training.json
+        self.code_version = code_version()  # the code that runs: the tree may move on during a long run
         self.draft_config = draft_config(self.target_dir, cfg, start)
         self.eagle3 = self.draft_config.architecture == "eagle3"
         self.features.check(self.draft_config, str(cfg.model.path))
@@ -332,7 +333,7 @@ class Trainer:
             data=f"{self.cfg.data.name} ({self.features.describe()})",
             store_records=len(self.records), store_tokens=self.features.tokens,
             steps=self.step, epochs=self.step / self.steps_per_epoch, metrics=metrics,
-            config=OmegaConf.to_container(self.cfg.train, resolve=True), code_version=code_version(),
+            config=OmegaConf.to_container(self.cfg.train, resolve=True), code_version=self.code_version,
             head_layers=self.draft_config.num_hidden_layers,
             draft_vocab=None if self.vocab.stored() is None else self.vocab.stored().numel(),
             vocab_coverage=self.vocab.coverage, earlier=self.earlier_stages,
