@@ -54,8 +54,8 @@ def test_unknown_model_preset_is_one_line():
 
 def test_the_shipped_recipe_chains_its_stages():
     """Each stage of the shipped SmolLM2 heads starts from the previous stage's exported head;
-    EAGLE-1/2's stage 3 trains on stage 2's store, so it regenerates nothing; EAGLE-3's later stages on
-    conversations past the stage before's."""
+    EAGLE-1/2's stage 3 trains on stage 2's store, so it regenerates nothing; EAGLE-3's later stages, and
+    EAGLE-2's stage 4, on conversations past the stage before's."""
 
     def composed(experiment):
         with initialize_config_dir(config_dir=str(CONF), version_base=None):
@@ -68,12 +68,17 @@ def test_the_shipped_recipe_chains_its_stages():
     assert stage3.train.init_head == f"{stage2.output_dir}/head"
     assert stage3.store_dir == stage2.store_dir and stage3.data.regenerate
     assert (stage2.train.ttt_steps, stage3.train.ttt_steps) == (2, 4)
-    slices = [composed(e) for e in ("smollm2_eagle3", *(f"smollm2_eagle3_slice{n}" for n in range(2, 6)))]
+    slices = [composed(e) for e in ("smollm2_eagle3", *(f"smollm2_eagle3_slice{n}" for n in range(2, 7)))]
     for before, after in zip(slices, slices[1:]):
         assert after.train.init_head == f"{before.output_dir}/head"
         # conversations the stage before never saw
         assert after.data.offset >= before.data.offset + before.data.limit and after.store_dir != before.store_dir
         assert (after.train.draft_vocab, after.train.epochs, after.train.head) == (8192, 1, "eagle3")
+    # EAGLE-2's stage 4: the shipped head on conversations past stage 3's, from EAGLE-3's store of that slice
+    eagle2 = composed("smollm2_eagle2_slice4")
+    assert eagle2.train.init_head == "checkpoints/eagle-smollm2-135m-instruct" and eagle2.train.keep_init_vocab
+    assert eagle2.data.offset >= stage3.data.limit and eagle2.store_dir == slices[4].store_dir
+    assert (eagle2.train.head, eagle2.train.fc_bias, eagle2.data.regenerate) == ("eagle2", False, False)
 
 
 def test_the_train_defaults_have_one_value_each():
