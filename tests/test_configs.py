@@ -74,6 +74,10 @@ def test_the_shipped_recipe_chains_its_stages():
         # conversations the stage before never saw
         assert after.data.offset >= before.data.offset + before.data.limit and after.store_dir != before.store_dir
         assert (after.train.draft_vocab, after.train.epochs, after.train.head) == (8192, 1, "eagle3")
+    # EAGLE-3's stage 7: stage 6's head a second time over slice 2, from its store
+    again = composed("smollm2_eagle3_slice2_pass2")
+    assert again.train.init_head == f"{slices[-1].output_dir}/head" and again.store_dir == slices[1].store_dir
+    assert (again.train.draft_vocab, again.train.epochs, again.train.head) == (8192, 1, "eagle3")
     # EAGLE-2's stage 4: the shipped head on conversations past stage 3's, from EAGLE-3's store of that slice
     eagle2 = composed("smollm2_eagle2_slice4")
     assert eagle2.train.init_head == "checkpoints/eagle-smollm2-135m-instruct" and eagle2.train.keep_init_vocab
