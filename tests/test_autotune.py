@@ -62,16 +62,21 @@ def test_choose_takes_the_cheapest_of_the_nearly_fastest():
     assert choose(grid, tolerance=0.0)["total_token"] == 32
 
 
-def test_a_tree_picked_without_a_chain_gets_the_chain_that_suits_it():
+def test_a_tree_picked_without_a_chain_gets_a_chain_only_where_it_is_expected_to_pay():
     grid = [{"total_token": 1, "depth": 1, "lookup": 0, "tau": 1.0, "ms_per_step": 20.0, "tokens_per_s": 50.0},
             {"total_token": 8, "depth": 2, "lookup": 0, "tau": 2.0, "ms_per_step": 25.0, "tokens_per_s": 80.0},
             {"total_token": 8, "depth": 2, "lookup": 8, "tau": 2.1, "ms_per_step": 30.0, "tokens_per_s": 70.0},
             {"total_token": 4, "depth": 2, "lookup": 4, "tau": 1.9, "ms_per_step": 27.0, "tokens_per_s": 70.4}]
     budget = TreeBudget(0, 0, 0.0, grid)
+    assert (budget.picked(10).total_token, budget.picked(10).lookup) == (8, 0)  # the chain would slow the tree
+    grid[2]["tokens_per_s"] = 79.0  # within TOLERANCE, still slower than the tree alone
+    assert budget.picked(10).lookup == 0
+    grid[2]["tokens_per_s"] = 82.0  # chosen as the cheaper of near-equals, the tree gets the chain that pays
     assert (budget.picked(10).total_token, budget.picked(10).lookup) == (8, 8)
+    assert budget.picked(10).tokens_per_second == 82.0
     assert budget.picked(0).lookup == 0
     assert budget.picked(4).lookup == 0  # no chain of at most 4 tokens was timed for the 8-node tree
-    grid.append({"total_token": 8, "depth": 2, "lookup": 6, "tau": 2.1, "ms_per_step": 30.0, "tokens_per_s": 70.0})
+    grid.append({"total_token": 8, "depth": 2, "lookup": 6, "tau": 2.1, "ms_per_step": 30.0, "tokens_per_s": 82.0})
     assert budget.picked(10).lookup == 8  # of chains that score alike, the longest
     grid[1:3] = [{**grid[2], "tokens_per_s": 90.0}, {**grid[2], "lookup": 4, "tokens_per_s": 90.0}]
     assert budget.picked(10).lookup == 8 and budget.picked(5).lookup == 4

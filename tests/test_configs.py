@@ -55,7 +55,7 @@ def test_unknown_model_preset_is_one_line():
 def test_the_shipped_recipe_chains_its_stages():
     """Each stage of the shipped SmolLM2 heads starts from the previous stage's exported head;
     EAGLE-1/2's stage 3 trains on stage 2's store, so it regenerates nothing; EAGLE-3's later stages, and
-    EAGLE-2's stage 4, on conversations past the stage before's."""
+    EAGLE-2's stage 4, on conversations past the stage before's, or a second time over one slice."""
 
     def composed(experiment):
         with initialize_config_dir(config_dir=str(CONF), version_base=None):
@@ -68,20 +68,25 @@ def test_the_shipped_recipe_chains_its_stages():
     assert stage3.train.init_head == f"{stage2.output_dir}/head"
     assert stage3.store_dir == stage2.store_dir and stage3.data.regenerate
     assert (stage2.train.ttt_steps, stage3.train.ttt_steps) == (2, 4)
-    slices = [composed(e) for e in ("smollm2_eagle3", *(f"smollm2_eagle3_slice{n}" for n in range(2, 7)))]
-    for before, after in zip(slices, slices[1:]):
-        assert after.train.init_head == f"{before.output_dir}/head"
-        # conversations the stage before never saw
-        assert after.data.offset >= before.data.offset + before.data.limit and after.store_dir != before.store_dir
-        assert (after.train.draft_vocab, after.train.epochs, after.train.head) == (8192, 1, "eagle3")
-    # EAGLE-3's stage 7: stage 6's head a second time over slice 2, from its store
-    again = composed("smollm2_eagle3_slice2_pass2")
-    assert again.train.init_head == f"{slices[-1].output_dir}/head" and again.store_dir == slices[1].store_dir
-    assert (again.train.draft_vocab, again.train.epochs, again.train.head) == (8192, 1, "eagle3")
+    eagle3 = ("smollm2_eagle3", *(f"smollm2_eagle3_slice{n}" for n in range(2, 7)), "smollm2_eagle3_slice2_pass2",
+              "smollm2_eagle3_slice7", "smollm2_eagle3_slice3_pass2")
+    stages = [composed(e) for e in eagle3]
+    new_slices, passed_twice = stages[:1], []
+    for name, before, after in zip(eagle3[1:], stages, stages[1:]):
+        assert after.train.init_head == f"{before.output_dir}/head", name
+        assert (after.train.draft_vocab, after.train.epochs, after.train.head) == (8192, 1, "eagle3"), name
+        stores = [s.store_dir for s in new_slices]
+        if name.endswith("_pass2"):  # a second epoch over a slice one earlier stage passed over once, from its store
+            assert after.store_dir in stores and after.store_dir not in passed_twice, name
+            passed_twice.append(after.store_dir)
+        else:  # conversations no stage before saw
+            assert after.data.offset >= max(s.data.offset + s.data.limit for s in new_slices), name
+            assert after.store_dir not in stores, name
+            new_slices.append(after)
     # EAGLE-2's stage 4: the shipped head on conversations past stage 3's, from EAGLE-3's store of that slice
     eagle2 = composed("smollm2_eagle2_slice4")
     assert eagle2.train.init_head == "checkpoints/eagle-smollm2-135m-instruct" and eagle2.train.keep_init_vocab
-    assert eagle2.data.offset >= stage3.data.limit and eagle2.store_dir == slices[4].store_dir
+    assert eagle2.data.offset >= stage3.data.limit and eagle2.store_dir == new_slices[4].store_dir
     assert (eagle2.train.head, eagle2.train.fc_bias, eagle2.data.regenerate) == ("eagle2", False, False)
 
 

@@ -10,8 +10,8 @@ when a model is built (`EaModel.from_pretrained` / `EaModel.from_modules` time t
 once, eagle/tuning/tuner.py, and reuse the pick on later loads, eagle/tuning/budget_cache.py),
 with a prompt-lookup chain of up to 10 tokens (`lookup=10`; `lookup=0` turns it off): the tuner
 measures what a chain of each length adds and costs on its calibration prompts and picks the
-length with the tree, 0 and plain decoding included; a tree picked without a chain still gets its
-best one, since chats copy more than the calibration prompts do. With a fixed `total_token`, the
+length with the tree, 0 and plain decoding included; a tree picked without a chain gets one only
+where its row scores at least as well as the tree alone. With a fixed `total_token`, the
 chain is `lookup` tokens. A step without a match verifies the tree alone.
 An `EaModel` itself always holds numbers.
 """

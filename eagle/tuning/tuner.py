@@ -45,7 +45,9 @@ the choices within `TOLERANCE` of the best it takes the cheapest step (the small
 plain decoding first), since timings cannot tell them apart and a small tree costs least when
 the estimate is off. So speculation, and the chain, are the default only where this device gains
 from them. The grid keeps every chain length, so models that allow shorter chains (`lookup`, the
-longest a model may use) pick from the same measurement (`TreeBudget.picked`).
+longest a model may use) pick from the same measurement (`TreeBudget.picked`). A tree picked without a
+chain keeps none unless one of its chain rows scores at least as well as the tree alone: the chain
+never makes the expected step slower than the head's tree.
 
 The tuner drives a model only through its public step API (`prefill`, `draft_candidates`,
 `verify`, `discard`, `step`; eagle/model.py). `python -m evaluation.tuner_spread --runs 4` tunes
@@ -103,15 +105,14 @@ class TreeBudget:
 
     def picked(self, max_lookup: int = LOOKUP_LIMIT) -> "TreeBudget":
         """The same measurements, choosing among the rows whose chain has at most max_lookup tokens. A tree
-        picked without a chain gets the chain of up to max_lookup tokens that suits it best (the longest
-        of equals): prompts copy more than the calibration prompts do, and where no chain is found, none
-        is merged."""
+        picked without a chain (the cheaper of near-equals) gets the chain of up to max_lookup tokens whose
+        row scores at least as well as the tree alone, the longest of equals; where every chain is expected
+        to slow the tree, none: the chain's rows are verified on every step that finds one."""
         best = choose(self.grid, max_lookup=max_lookup)
-        lookup = best.get("lookup", 0)
-        if best["total_token"] > 1 and not lookup and max_lookup:
-            chains = [r for r in self.grid if 0 < r.get("lookup", 0) <= max_lookup and _same_tree(r, best)]
-            lookup = max(chains, key=lambda r: (r["tokens_per_s"], r["lookup"]))["lookup"] if chains else 0
-        return replace(self, total_token=best["total_token"], depth=best["depth"], lookup=lookup,
+        if best["total_token"] > 1 and not best.get("lookup", 0):
+            same = [r for r in self.grid if r.get("lookup", 0) <= max_lookup and _same_tree(r, best)]
+            best = max(same, key=lambda r: (r["tokens_per_s"], r.get("lookup", 0)))
+        return replace(self, total_token=best["total_token"], depth=best["depth"], lookup=best.get("lookup", 0),
                        tokens_per_second=best["tokens_per_s"])
 
 
