@@ -53,7 +53,8 @@ def benchmark(bench: Bench, questions: list[Question], methods: list[str], progr
             for m in methods:
                 new, steps, seconds, accepts = bench.run(m, ids)
                 outputs[m] = new
-                runs.append(Run(q.id, q.category, t, m, len(new), seconds, steps, accepts))
+                runs.append(Run(q.id, q.category, t, m, len(new), seconds, steps, accepts,
+                                prefill_seconds=bench.last_prefill))
             for r in runs[-len(methods):]:
                 if r.method != "vanilla" and "vanilla" in outputs:
                     r.equal_to_vanilla = torch.equal(outputs[r.method], outputs["vanilla"])
@@ -217,13 +218,23 @@ def write_report(out: Path, args, bench: Bench, runs: list[Run], table: dict, me
     md = markdown(table, methods)
     if bench.eagle:
         md += "\n\n" + "; ".join(f"`{m}`: {t['total_token']} nodes, depth {t['depth']}, top-k {t['top_k']}, draft vocabulary "
-                                 f"{t['draft_vocab'] or 'full'}" for m, t in trees.items()) + "\n"
+                                 f"{t['draft_vocab'] or 'full'}{_step_ms(table[m]['all'], t)}" for m, t in trees.items()) + "\n"
     md += "\nStart-up after the weights load: " + "; ".join(
         [f"`{m}` first token {s['first_token_s']} s, tuned and compiled {s['ready_s']} s" for m, s in bench.startup.items()]
         + [f"`{m}` engine ready {e.startup_seconds:.1f} s" for m, e in bench.engines.items()]) + "\n"
     (out / "results.md").write_text(md)
     plots(table, runs, methods, out)
     return md
+
+
+def _step_ms(row: dict, tree: dict) -> str:
+    """", X ms a step after the prefill (Y expected by the tuner)" for a method's results row and tree."""
+    if row.get("decode_ms_per_step") is None:
+        return ""
+    picked = [r for r in tree["tuning"] or [] if (r["total_token"], r["depth"], r.get("lookup", 0))
+              == (tree["total_token"], tree["depth"], tree["lookup"])]
+    expected = f" ({picked[0]['ms_per_step']:.1f} expected by the tuner)" if picked else ""
+    return f", {row['decode_ms_per_step']:.1f} ms a step after the prefill{expected}"
 
 
 if __name__ == "__main__":

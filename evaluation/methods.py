@@ -75,6 +75,7 @@ class Bench:
                  max_new_tokens: int = 128, settings: TreeSettings = TreeSettings(), engines: dict | None = None,
                  compile: bool = True):
         self.target, self.tokenizer, self.assistant = target, tokenizer, assistant
+        self.last_prefill: float | None = None  # the last `run`'s prefill seconds, where it timed one
         self.engines = engines or {}  # method -> VllmEngine or LlamaCppEngine
         self.max_new_tokens = max_new_tokens
         self.counter = ForwardCounter(target)
@@ -106,7 +107,9 @@ class Bench:
         return model
 
     def run(self, method: str, ids: torch.Tensor) -> tuple[torch.Tensor, int, float, list[int]]:
-        """New token ids [n], target forwards after prefill, seconds, accept lengths."""
+        """New token ids [n], target forwards after prefill, seconds, accept lengths; `last_prefill`: the
+        seconds of its prompt's forward (our decoders, in a call that compiled nothing), else None."""
+        self.last_prefill = None
         if method in self.engines:
             return self.engines[method].generate(ids, self.max_new_tokens)
         if method in self.eagle:
@@ -115,8 +118,10 @@ class Bench:
             compiling = self.compile_seconds()
             start = time.perf_counter()
             out = generate(ids, temperature=0.0, max_new_tokens=self.max_new_tokens, max_length=1 << 30)
-            seconds = time.perf_counter() - start - (self.compile_seconds() - compiling)  # a first call's compile
+            compiled = self.compile_seconds() - compiling  # a first call's compile
+            seconds = time.perf_counter() - start - compiled
             stats = model.last_stats
+            self.last_prefill = None if compiled else stats.prefill_seconds  # compiles fall in either part
             return out[0, ids.shape[1]:], stats.steps, seconds, list(stats.accept_lengths)
         kwargs = dict(do_sample=False, max_new_tokens=self.max_new_tokens, temperature=None, top_p=None, top_k=None)
         if method == "pld":

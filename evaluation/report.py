@@ -22,6 +22,7 @@ class Run:
     accept_lengths: list[int] = field(default_factory=list)
     equal_to_vanilla: bool | None = None
     divergence: dict | None = None  # where a greedy output left vanilla's, and how close a tie it was
+    prefill_seconds: float | None = None  # of `seconds`, the prompt's forward (our decoders only)
 
     @property
     def tau(self) -> float:
@@ -48,6 +49,7 @@ def summarize(runs: list[Run]) -> dict:
             "n_alpha": n_alpha(accepts),
             "equal_to_vanilla": f"{sum(eq)}/{len(eq)}" if eq else None,
             "near_ties": f"{ties}/{len(eq) - sum(eq)}" if eq and not all(eq) else None,  # of the unequal outputs
+            "decode_ms_per_step": _decode_ms(rs),
         }
     for m in table:
         for cat, row in table[m].items():
@@ -56,6 +58,15 @@ def summarize(runs: list[Run]) -> dict:
                 base = _rate(groups[(ref, cat)]) if (ref, cat) in groups else 0.0
                 row[key] = round(rate / base, 3) if base and rate else None
     return table
+
+
+def _decode_ms(runs: list[Run]) -> float | None:
+    """ms per target forward after the prefill (what the tuner's expected ms per step predicts), over the
+    runs that timed their prefill apart (our decoders, in calls that compiled nothing)."""
+    timed = [r for r in runs if r.prefill_seconds is not None and r.steps]
+    if not timed:
+        return None
+    return round(1e3 * sum(r.seconds - r.prefill_seconds for r in timed) / sum(r.steps for r in timed), 2)
 
 
 def _rate(runs: list[Run]) -> float:

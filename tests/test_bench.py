@@ -1,6 +1,7 @@
 """The benchmark harness: statistics it derives, and one end-to-end run on a tiny target."""
 
 import json
+import re
 
 import torch
 
@@ -28,6 +29,10 @@ def test_summary_speedup_tau_and_equality():
     runs[-1].divergence = {"position": 3, "kind": "token", "near_tie": True}
     table = summarize(runs)
     assert table["eagle2"]["all"]["near_ties"] == "1/1" and "~1/1" in markdown(table, ["vanilla", "eagle2"])
+    assert table["eagle2"]["all"]["decode_ms_per_step"] is None  # no run timed its prefill apart
+    runs[1].prefill_seconds = 0.1  # the second eagle2 run compiled something: its prefill is not timed apart
+    table = summarize(runs)
+    assert table["eagle2"]["all"]["decode_ms_per_step"] == 100.0 and table["vanilla"]["all"]["decode_ms_per_step"] is None
 
 
 def test_a_divergence_between_equal_logits_is_a_near_tie_and_a_wide_one_is_not():
@@ -89,6 +94,8 @@ def test_end_to_end_on_tiny_target(tiny_dir, tmp_path):
                   "--no-progress"])
     for m in methods:
         assert table[m]["all"]["equal_to_vanilla"] == "4/4", m
+    assert table["naive-eager"]["all"]["decode_ms_per_step"] > 0 and table["pld"]["all"]["decode_ms_per_step"] is None
+    assert re.search(r"`naive-eager`: [^;]*, [0-9.]+ ms a step after the prefill;", (tmp_path / "out" / "results.md").read_text())
     everything = json.loads((tmp_path / "out" / "results.json").read_text())["meta"]
     assert everything["ours"]["compile_seconds"] > 0 and everything["ours"]["rss_mb"] > 0
     meta = everything["trees"]
