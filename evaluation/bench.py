@@ -228,7 +228,8 @@ def write_report(out: Path, args, bench: Bench, runs: list[Run], table: dict, me
 
 
 def _step_ms(row: dict, tree: dict) -> str:
-    """", X ms a step after the prefill (Y expected by the tuner)" for a method's results row and tree."""
+    """The suffix `, X ms a step after the prefill (Y expected by the tuner)` of a method's tree line in
+    results.md, from its results row and tree; empty where no run timed its prefill apart."""
     if row.get("decode_ms_per_step") is None:
         return ""
     picked = [r for r in tree["tuning"] or [] if (r["total_token"], r["depth"], r.get("lookup", 0))
