@@ -70,7 +70,7 @@ def test_the_shipped_recipe_chains_its_stages():
     assert (stage2.train.ttt_steps, stage3.train.ttt_steps) == (2, 4)
     eagle3 = ("smollm2_eagle3", *(f"smollm2_eagle3_slice{n}" for n in range(2, 7)), "smollm2_eagle3_slice2_pass2",
               "smollm2_eagle3_slice7", "smollm2_eagle3_slice3_pass2", "smollm2_eagle3_slice8",
-              "smollm2_eagle3_slice9", *(f"smollm2_eagle3_slice{n}" for n in range(10, 13)))
+              "smollm2_eagle3_slice9", *(f"smollm2_eagle3_slice{n}" for n in range(10, 14)))
     stages = [composed(e) for e in eagle3]
     new_slices, passed_twice = stages[:1], []
     for name, before, after in zip(eagle3[1:], stages, stages[1:]):
