@@ -27,18 +27,12 @@ CHAINS = (4, 8, 16)
 
 
 def calibrate(model: EaModel, prompts: list[torch.Tensor], steps: int) -> tuple[dict, list[int]]:
-    """The tuner's per-step accepted lengths {(n, d): [..]} and chain matches [..] over `steps` steps a prompt."""
-    sizes, depths = sorted(tuner.SIZES), sorted(tuner.DEPTHS)
-    accepted: dict[tuple[int, int], list[int]] = {(n, d): [] for n in sizes for d in depths}
-    copied, seconds = [], []
+    """The tuner's per-step accepted lengths {(n, d): [..]} and chain matches [..] over up to `steps` steps a
+    prompt (`tuner.Calibration`, which stops a prompt at its EOS)."""
+    cal = tuner.Calibration.over(sorted(tuner.SIZES), sorted(tuner.DEPTHS))
     for ids in prompts:
-        state, _ = model.prefill(ids)
-        contexts = []
-        for _ in range(steps):
-            contexts.append(state.ids.shape[1])
-            state, _ = tuner._calibration_step(model, state, sizes, depths, accepted)
-        tuner._copied_lengths(state.ids[0].cpu(), contexts, copied, seconds)
-    return accepted, copied
+        cal.decode(model, ids, steps)
+    return cal.accepted, cal.copied
 
 
 def predicted_row(accepted: dict, copied: list[int]) -> str:

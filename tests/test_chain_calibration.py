@@ -1,13 +1,33 @@
-"""experiments.chain_calibration replays the tuner's own calibration: the same accepted lengths and chain
-matches as `tune_tree` on the same prompts, and the tuner's τ formula for a tree with a chain."""
+"""The tuner's calibration decoding (`eagle.tuning.tuner.Calibration`): it stops a prompt at its EOS, and
+experiments.chain_calibration replays exactly what `tune_tree` measures."""
 
 import torch
 
 from eagle.decoding.settings import TreeSettings
 from eagle.model import EaModel
-from eagle.tuning.tuner import calibration_prompts, tune_tree
+from eagle.tuning.tuner import Calibration, calibration_prompts, tune_tree
 from experiments.chain_calibration import calibrate, predicted_row
 from tests.tiny import near_bigram_pair
+
+
+def test_calibration_stops_a_prompt_after_the_step_that_emits_an_eos():
+    target, head = near_bigram_pair(3, coupling=0.3)
+    model = EaModel(target, head, settings=TreeSettings(total_token=8, depth=3, top_k=4))
+    model.eos_ids = set()
+    ids = calibration_prompts(model)[0]
+    with torch.inference_mode():
+        free = Calibration.over([4, 8], [2, 3])
+        new = free.decode(model, ids, 12).ids[0, ids.shape[1]:].tolist()
+        assert len(free.rest_s) == len(free.copied) == 12
+        eos = next(t for t in new[4:] if t not in new[:4])  # a token the reply first writes after a few steps
+        model.eos_ids = {eos}
+        ended = Calibration.over([4, 8], [2, 3])
+        out = ended.decode(model, ids, 12).ids[0, ids.shape[1]:].tolist()
+        steps = len(ended.rest_s)
+        assert 1 < steps < 12 and len(ended.copied) == len(ended.accepted[(8, 3)]) == steps
+        assert eos in out and out == new[: len(out)]  # the same greedy text, cut after the EOS's step
+        shorter = Calibration.over([4, 8], [2, 3]).decode(model, ids, steps - 1).ids[0, ids.shape[1]:].tolist()
+        assert eos not in shorter  # the step before had not written it
 
 
 def test_chain_calibration_replays_the_tuners_measurement():
@@ -18,7 +38,7 @@ def test_chain_calibration_replays_the_tuners_measurement():
         budget = tune_tree(model, prompts, steps_per_prompt=steps, repeats=1)
         accepted, copied = calibrate(model, prompts, steps)
     assert accepted == budget.accepted and copied == budget.copied
-    assert len(copied) == 2 * steps and any(copied)  # the near-bigram target repeats itself: chains match
+    assert len(copied) > steps and any(copied)  # the near-bigram target repeats itself: chains match
     row = predicted_row(accepted, copied)
     chained = {(r["total_token"], r["depth"], r["lookup"]): r["tau"] for r in budget.grid}
     assert f"16/3: {chained[(16, 3, 0)]:.2f} -> +4 {chained[(16, 3, 4)]:.2f} +8 {chained[(16, 3, 8)]:.2f}" in row

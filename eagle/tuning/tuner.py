@@ -134,18 +134,10 @@ def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, dep
     pause = pause or (lambda: None)
     prompts = prompts if prompts is not None else calibration_prompts(model)
     sizes, depths = sorted(sizes), sorted(depths)
-    accepted: dict[tuple[int, int], list[int]] = {(n, d): [] for n in sizes for d in depths}
-    rest, copied, lookup_s = [], [], []
+    cal = Calibration.over(sizes, depths)
     state = None
     for ids in prompts:
-        state, _ = model.prefill(ids)
-        contexts = []  # committed tokens before each step
-        for _ in range(steps_per_prompt):
-            pause()
-            contexts.append(state.ids.shape[1])
-            state, seconds = _calibration_step(model, state, sizes, depths, accepted)
-            rest.append(seconds)
-        _copied_lengths(state.ids[0].cpu(), contexts, copied, lookup_s)
+        state = cal.decode(model, ids, steps_per_prompt, pause)
     forwards: dict[object, Callable[[], None]] = {n: lambda n=n: _verify_only(model, state, n) for n in sizes}
     # timed in the same rounds as the verify widths: alike, or a burst of load favours one side
     model.plain.prefill(state.ids[:, :-1])
@@ -153,10 +145,42 @@ def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, dep
     plain_ms, verify_ms = forward_costs(fastest_ms(forwards, repeats, pause))
     width = {n: draft_width(n, model.settings.top_k) for n in sizes}
     draft_ms = _draft_costs(model, state, sorted(set(width.values())), depths, repeats, pause)
-    budget = TreeBudget(0, 0, 0.0, [], verify_ms, draft_ms, max(0.0, statistics.median(rest) * 1e3), plain_ms,
-                        accepted, lookup_ms=statistics.median(lookup_s) * 1e3, copied=copied)
+    budget = TreeBudget(0, 0, 0.0, [], verify_ms, draft_ms, max(0.0, statistics.median(cal.rest_s) * 1e3), plain_ms,
+                        cal.accepted, lookup_ms=statistics.median(cal.lookup_s) * 1e3, copied=cal.copied)
     budget.grid = _grid(budget, {(n, d): draft_ms[(width[n], d)] for n in sizes for d in depths}, depths[0])
     return budget.picked()
+
+
+@dataclass
+class Calibration:
+    """What greedy decoding of the calibration prompts measured, one entry per step."""
+
+    sizes: list[int]
+    depths: list[int]
+    accepted: dict[tuple[int, int], list[int]]  # (n, d) -> accepted length of that tree on each step
+    copied: list[int] = field(default_factory=list)  # leading tokens of the step's lookup chain that match
+    rest_s: list[float] = field(default_factory=list)  # seconds of each step beyond its verify forward
+    lookup_s: list[float] = field(default_factory=list)  # seconds finding each step's chain
+
+    @classmethod
+    def over(cls, sizes: list[int], depths: list[int]) -> "Calibration":
+        return cls(sizes, depths, {(n, d): [] for n in sizes for d in depths})
+
+    def decode(self, model, ids: torch.Tensor, steps: int, pause: Callable[[], None] = lambda: None):
+        """Up to `steps` calibration steps of one prompt [1, P], scoring every (n, d) and the chain on each;
+        stops after the step that emits an EOS: decoding ends there, and what a model writes past it
+        (often the chat template again) copies far more than a reply. Returns the last state."""
+        state, _ = model.prefill(ids)
+        contexts = []  # committed tokens before each step
+        for _ in range(steps):
+            pause()
+            contexts.append(state.ids.shape[1])
+            state, seconds = _calibration_step(model, state, self.sizes, self.depths, self.accepted)
+            self.rest_s.append(seconds)
+            if not model.eos_ids.isdisjoint(state.ids[0, contexts[-1]:].tolist()):
+                break
+        _copied_lengths(state.ids[0].cpu(), contexts, self.copied, self.lookup_s)
+        return state
 
 
 def _grid(b: TreeBudget, draft: dict[tuple[int, int], float], first_depth: int) -> list[dict]:
