@@ -41,7 +41,8 @@ the head. `tune_tree` measures both sides at load time:
    verifies only n); n = 1 with a chain is prompt lookup alone, without drafting. A reply copies
    from itself more the longer it runs, so calibration decodes `STEPS_PER_PROMPT` steps of each
    prompt (~120 tokens): over the first 16 steps the chain found nothing to copy on the calibration
-   prompts (+1 % τ for the shipped EAGLE-3 head's 16/3 tree) and over 48 it added 18 %.
+   prompts (+1 % τ for the stage-12 EAGLE-3 head's 16/3 tree) and over 48 it added 18 %
+   (`python -m experiments.chain_calibration`). A prompt's calibration ends at its EOS.
 
 The choice maximises mean(accepted) / (draft(width(n), d) + verify(n + L) + rest) over the grid; of
 the choices within `TOLERANCE` of the best it takes the cheapest step (the smallest tree,
@@ -168,8 +169,8 @@ class Calibration:
 
     def decode(self, model, ids: torch.Tensor, steps: int, pause: Callable[[], None] = lambda: None):
         """Up to `steps` calibration steps of one prompt [1, P], scoring every (n, d) and the chain on each;
-        stops after the step that emits an EOS: decoding ends there, and what a model writes past it
-        (often the chat template again) copies far more than a reply. Returns the last state."""
+        stops after the step that emits an EOS: decoding ends there, so later steps would score text no
+        reply contains. Returns the last state."""
         state, _ = model.prefill(ids)
         contexts = []  # committed tokens before each step
         for _ in range(steps):
