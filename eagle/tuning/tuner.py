@@ -40,9 +40,10 @@ the head. `tune_tree` measures both sides at load time:
    (`CHAIN_LENGTHS`), on every step (a step whose chain lies inside the tree, or finds none,
    verifies only n); n = 1 with a chain is prompt lookup alone, without drafting. A reply copies
    from itself more the longer it runs, so calibration decodes `STEPS_PER_PROMPT` steps of each
-   prompt (~120 tokens): over the first 16 steps the chain found nothing to copy on the calibration
-   prompts (+1 % τ for the stage-12 EAGLE-3 head's 16/3 tree) and over 48 it added 18 %
-   (`python -m experiments.chain_calibration`). A prompt's calibration ends at its EOS.
+   prompt (~120 tokens): over the first 16 steps the chain found almost nothing to copy on the
+   calibration prompts (+1–3 % τ for the EAGLE-3 head's 16/3 tree) and over 48 it added 5–18 %, as
+   bf16 numerics send the greedy text one way or another (`python -m experiments.chain_calibration`;
+   real chats: +30 % and +50–70 %). A prompt's calibration ends at its EOS.
 
 The choice maximises mean(accepted) / (draft(width(n), d) + verify(n + L) + rest) over the grid; of
 the choices within `TOLERANCE` of the best it takes the cheapest step (the smallest tree,
