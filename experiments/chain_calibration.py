@@ -36,12 +36,11 @@ def calibrate(model: EaModel, prompts: list[torch.Tensor], steps: int) -> tuple[
 
 
 def predicted_row(accepted: dict, copied: list[int]) -> str:
-    """`n/d: τ -> +L τ ...` for each reported tree: the tuner's max(tree, 1 + chain match) per step."""
+    """`n/d: τ -> +L τ ...` for each reported tree, alone and with each chain (`tuner.chained_tau`)."""
     cells = []
     for n, d in TREES:
         alone = statistics.fmean(accepted[(n, d)])
-        chained = [statistics.fmean(max(a, 1 + min(c, length)) for a, c in zip(accepted[(n, d)], copied, strict=True))
-                   for length in CHAINS]
+        chained = [tuner.chained_tau(accepted[(n, d)], copied, length) for length in CHAINS]
         cells.append(f"{n}/{d}: {alone:.2f} -> " + " ".join(f"+{length} {t:.2f}" for length, t in zip(CHAINS, chained))
                      + f" ({chained[1] / alone:.2f}x with 8)")
     return "; ".join(cells)

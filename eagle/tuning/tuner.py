@@ -189,7 +189,7 @@ def _grid(b: TreeBudget, draft: dict[tuple[int, int], float], first_depth: int) 
     """A row per (total_token, depth, lookup): expected tokens per step (tau), ms per step, tokens/s.
     draft: ms of drafting the tree of (n, d)."""
     def row(n, d, lookup, lengths, ms):
-        tau = statistics.fmean(max(a, 1 + min(c, lookup)) for a, c in zip(lengths, b.copied, strict=True))
+        tau = chained_tau(lengths, b.copied, lookup)
         ms += b.rest_ms + (b.lookup_ms if lookup else 0.0)
         return {"total_token": n, "depth": d, "lookup": lookup, "tau": tau, "ms_per_step": ms,
                 "tokens_per_s": 1e3 * tau / ms}
@@ -202,6 +202,12 @@ def _grid(b: TreeBudget, draft: dict[tuple[int, int], float], first_depth: int) 
     grid.append({"total_token": 1, "depth": first_depth, "lookup": 0, "tau": 1.0, "ms_per_step": b.plain_ms,
                  "tokens_per_s": 1e3 / b.plain_ms})
     return grid
+
+
+def chained_tau(accepted: list[int], copied: list[int], lookup: int) -> float:
+    """Mean tokens a step of a tree with a `lookup`-token chain accepts: on each calibration step the longer
+    of the tree's own accepted length and the root plus the chain's matching prefix."""
+    return statistics.fmean(max(a, 1 + min(c, lookup)) for a, c in zip(accepted, copied, strict=True))
 
 
 def chain_lengths(n: int, widths) -> list[int]:
