@@ -463,6 +463,30 @@ def test_an_eagle3_fine_tune_keeps_its_starting_heads_draft_tokens(tiny3, tmp_pa
     assert torch.equal(load_head(second.fit().head_dir).draft_ids, start.draft_ids)
 
 
+def test_an_eagle3_fine_tune_widens_an_lm_head_of_the_targets_rows(tiny3, tmp_path):
+    """A start whose lm_head rows are the target's (train.freeze_lm_head, head=eagle3's default) grows to
+    train.draft_vocab: its own tokens first with their rows as they were, so its drafts score as before,
+    then the store's most frequent others with the target's rows. Unset (the whole vocabulary), it keeps
+    its size."""
+    eagle3 = ("head=eagle3", "model.feature_layers=[0,1,-1]", "train.ttt_steps=2")
+    head_dir = Trainer(make_cfg(tiny3, tmp_path / "a", *eagle3, "train.max_steps=2", "train.draft_vocab=64")).fit().head_dir
+    start = load_head(head_dir, dtype=torch.float32)
+
+    second = Trainer(make_cfg(tiny3, tmp_path / "b", *eagle3, "train.max_steps=1", f"train.init_head={head_dir}",
+                              "train.draft_vocab=96"))
+    ids = second.vocab.ids
+    assert second.draft_config.draft_vocab_size == 96 and ids.unique().numel() == 96
+    assert torch.equal(ids[:64], start.draft_ids)
+    lm_head = second.engine.module.lm_head.weight.detach().float()
+    torch.testing.assert_close(lm_head[:64], start.lm_head.weight)
+    torch.testing.assert_close(lm_head[64:], second.frozen.lm_head[ids[64:]].to(torch.bfloat16).float())
+    assert torch.equal(load_head(second.fit().head_dir).draft_ids, ids)
+
+    whole = Trainer(make_cfg(tiny3, tmp_path / "c", *eagle3, "train.max_steps=1", f"train.init_head={head_dir}",
+                             "train.draft_vocab=null"))
+    assert whole.draft_config.draft_vocab_size == 64
+
+
 def test_a_frozen_lm_head_needs_a_start(tiny3, tmp_path):
     with pytest.raises(ValueError, match="init_lm_head"):
         Trainer(make_cfg(tiny3, tmp_path, "head=eagle3", "model.feature_layers=[0,1,-1]", "train.max_steps=1",

@@ -5,7 +5,9 @@
   `train.fc_bias=false` drops the fc bias, which vLLM's EAGLE-1 model has no place for.
 - EAGLE-3 (`head=eagle3`): fuses `model.feature_layers` minus the last one, has no fc bias and its
   own lm_head of `train.draft_vocab` rows (eagle/heads/feature_layers.py); `train.eagle3_norms=true`
-  trains speculators' variant of its layer.
+  trains speculators' variant of its layer. A fine-tune whose start's lm_head rows are the target's own
+  (`train.freeze_lm_head`, the recipe's default) may widen its draft vocabulary to `train.draft_vocab`:
+  the target's rows of more tokens join the start's (train/head_init.py `widened_lm_head`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from eagle.heads.feature_layers import LAST, fused_layers
 HEADS = ("eagle2", "eagle3")
 
 
-def draft_config(target_dir: Path, cfg: DictConfig, start: Head | None = None) -> DraftConfig:
-    """The head's sizes from the target; EAGLE-3: its fused layers and draft vocabulary size."""
+def draft_config(target_dir: Path, cfg: DictConfig, start: Head | None = None, widen: bool = False) -> DraftConfig:
+    """The head's sizes from the target; EAGLE-3: its fused layers and draft vocabulary size.
+    widen: the start's lm_head rows are the target's, so its draft vocabulary may grow to train.draft_vocab."""
     from transformers import AutoConfig
 
     kind = str(cfg.train.head)
@@ -40,21 +43,25 @@ def draft_config(target_dir: Path, cfg: DictConfig, start: Head | None = None) -
         size = cfg.train.draft_vocab or draft.vocab_size  # head=eagle3 sets it (conf/head/eagle3.yaml)
         as_eagle3(draft, fused, min(int(size), draft.vocab_size), bool(cfg.train.eagle3_norms))
     if start is not None:
-        keep_start_shape(draft, start.config, str(cfg.train.init_head))
+        keep_start_shape(draft, start.config, str(cfg.train.init_head), widen)
     return draft
 
 
-def keep_start_shape(draft: DraftConfig, start: DraftConfig, name: str) -> None:
+def keep_start_shape(draft: DraftConfig, start: DraftConfig, name: str, widen: bool = False) -> None:
     """A fine-tune trains its starting head as it is: its depth and MLP width and, for EAGLE-3, its
-    draft vocabulary size and layer variant (train.draft_vocab and train.eagle3_norms then have no say).
-    An EAGLE-3 start must fuse the layers the store holds."""
+    draft vocabulary size and layer variant (train.eagle3_norms then has no say, train.draft_vocab only
+    to widen a start whose lm_head rows are the target's: `widen`). An EAGLE-3 start must fuse the
+    layers the store holds."""
     draft.num_hidden_layers, draft.intermediate_size = start.num_hidden_layers, start.intermediate_size
     if draft.architecture != "eagle3" or start.architecture != "eagle3":
         return  # a head of the other kind: initial_head says so
     if list(start.feature_layers) != list(draft.feature_layers):
         raise ValueError(f"train.init_head={name}: the head fuses target layers {list(start.feature_layers)}, "
                          f"model.feature_layers gives {list(draft.feature_layers)}")
-    draft.draft_vocab_size = start.draft_vocab_size
+    # widened up to below the whole vocabulary (unset train.draft_vocab means that): an export mapping every
+    # token through d2t is one vLLM refuses
+    if not (widen and start.draft_vocab_size < draft.draft_vocab_size < draft.vocab_size):
+        draft.draft_vocab_size = start.draft_vocab_size
     draft.norm_before_fc, draft.norm_before_residual, draft.norm_output = (
         start.norm_before_fc, start.norm_before_residual, start.norm_output)
 

@@ -2,7 +2,9 @@
 
 Resuming a run (train/checkpoints.py) overrides both. A fresh EAGLE-3 head may start its
 lm_head and final norm from the target's (`train.init_lm_head`): the target's rows of its
-draft vocabulary, so its output space is the target's from step 0.
+draft vocabulary, so its output space is the target's from step 0. A fine-tune of an EAGLE-3 head
+whose lm_head rows are the target's may widen its draft vocabulary (`widened_lm_head`): rows are
+appended, none moves, so the start's drafts score as before.
 """
 
 from __future__ import annotations
@@ -17,8 +19,11 @@ from eagle.heads.eagle2 import DraftConfig
 log = logging.getLogger("train")
 
 
-def initial_head(config: DraftConfig, start: Head | None = None, start_name: str | None = None) -> Head:
-    """A fresh head of `config`, or one holding the weights of `start` (the exported head `start_name`)."""
+def initial_head(config: DraftConfig, start: Head | None = None, start_name: str | None = None,
+                 lm_head_rows: torch.Tensor | None = None) -> Head:
+    """A fresh head of `config`, or one holding the weights of `start` (the exported head `start_name`).
+    lm_head_rows [Vd, H]: the target's rows of the run's draft vocabulary, for an EAGLE-3 start widened
+    to `config.draft_vocab_size` rows."""
     head = build_head(config)
     if start is None:
         return head
@@ -34,9 +39,32 @@ def initial_head(config: DraftConfig, start: Head | None = None, start_name: str
         log.info("train.fc_bias=false: the starting head's fc bias is dropped")
     elif config.fc_bias and "fc.bias" not in state:
         state["fc.bias"] = torch.zeros_like(head.fc.bias)
+    if config.architecture == "eagle3" and config.draft_vocab_size != s.draft_vocab_size:
+        state["lm_head.weight"] = widened_lm_head(state["lm_head.weight"], lm_head_rows)
+        log.info("draft vocabulary widened from %d to %d tokens: the target's rows of the new ones appended",
+                 s.draft_vocab_size, config.draft_vocab_size)
     head.load_state_dict(state)
     log.info("initialised the head from %s", start_name)
     return head
+
+
+def lm_head_is_targets(start: Head, target_lm_head: torch.Tensor) -> bool:
+    """Whether an EAGLE-3 head's lm_head rows are the target's rows of its draft tokens (trained with
+    train.freeze_lm_head), compared in bf16, the dtype heads are exported in. target_lm_head [V, H]"""
+    if start.config.architecture != "eagle3":
+        return False
+    rows = target_lm_head if start.draft_ids is None else target_lm_head[start.draft_ids.to(target_lm_head.device)]
+    own = start.lm_head.weight.detach()
+    return rows.shape == own.shape and torch.equal(rows.to("cpu", torch.bfloat16), own.to("cpu", torch.bfloat16))
+
+
+def widened_lm_head(own: torch.Tensor, rows: torch.Tensor | None) -> torch.Tensor:
+    """The lm_head [Vd, H] of a widened EAGLE-3 start: the target's `rows` of the run's draft vocabulary,
+    whose first tokens are the start's own (TrainingVocabulary.choose), so its rows [Vs, H] come first
+    unchanged."""
+    if rows is None or rows.shape[0] <= own.shape[0]:
+        raise ValueError(f"widening an lm_head of {own.shape[0]} rows needs the target's rows of more tokens")
+    return torch.cat([own, rows[own.shape[0]:].to(own.device, own.dtype)])
 
 
 @torch.no_grad()

@@ -44,7 +44,7 @@ from train.export import CardInfo, export_head
 from train.feature_source import open_features
 from train.frozen import Frozen, frozen_of, load_frozen
 from train.head_config import draft_config
-from train.head_init import freeze_lm_head, initial_head, start_from_target
+from train.head_init import freeze_lm_head, initial_head, lm_head_is_targets, start_from_target
 from train.judge import Judge, judge_wanted
 from train.output_layout import output_layout, use_layout
 from train.loss import LossOutput, Pairs, eagle3_loss, eagle_loss, make_pairs, summarize, uniform_noise, vocab_target
@@ -89,12 +89,13 @@ class Trainer:
         start = load_head(start_dir, dtype=torch.float32) if start_dir else None
         self.earlier_stages = read_stages(start_dir) if start_dir else []  # its training.json
         self.code_version = code_version()  # the code that runs: the tree may move on during a long run
-        self.draft_config = draft_config(self.target_dir, cfg, start)
-        self.eagle3 = self.draft_config.architecture == "eagle3"
-        self.features.check(self.draft_config, str(cfg.model.path))
         self.ds_conf = on_device(ds_config(cfg), self.device)
         self.dtype = compute_dtype(self.ds_conf)
         self.frozen: Frozen = self._frozen()
+        widen = start is not None and lm_head_is_targets(start, self.frozen.lm_head)
+        self.draft_config = draft_config(self.target_dir, cfg, start, widen)
+        self.eagle3 = self.draft_config.architecture == "eagle3"
+        self.features.check(self.draft_config, str(cfg.model.path))
         self.lengths = self.records.lengths()
         self.train_idx, self.eval_idx = split_indices(self.lengths, t.eval_fraction, cfg.seed)
         counts = token_counts(self.records, self.train_idx, self.draft_config.vocab_size)  # [V]
@@ -107,7 +108,7 @@ class Trainer:
         self.steps_per_epoch = max(1, self.plan.per_epoch // t.grad_accum)
         self.total_steps = int(t.max_steps or t.epochs * self.steps_per_epoch)
         torch.manual_seed(cfg.seed)
-        head = initial_head(self.draft_config, start, t.init_head)
+        head = initial_head(self.draft_config, start, t.init_head, self.loss_lm_head)
         if self.eagle3 and t.init_lm_head and start is None:
             start_from_target(head, self.loss_lm_head, self.frozen.norm)
         if t.freeze_lm_head:

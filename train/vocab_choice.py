@@ -12,7 +12,8 @@ Counting happens over the tokens the draft has to predict in training: the assis
 - EAGLE-3: exactly its lm_head's rows, the `train.draft_vocab` most frequent tokens (unseen ones
   last by id); none when that is the whole vocabulary. A fine-tune keeps its starting head's
   ids: row i of the lm_head it starts from scores that head's i-th draft token, so another
-  ranking would hand its rows to tokens they never scored.
+  ranking would hand its rows to tokens they never scored. A widened fine-tune (an lm_head of
+  the target's rows, train/head_init.py) adds the store's most frequent other tokens after them.
 
     python -m train.vocab_choice STORE_DIR [STORE_DIR ...] [--head HEAD_DIR] [--size N] [--keep]
 
@@ -63,6 +64,9 @@ class TrainingVocabulary:
         if eagle3 and start is not None:
             ids = start  # the starting lm_head's rows score these tokens, in this order
             log.info("draft vocabulary: the %d tokens of train.init_head", ids.numel())
+            if draft_rows > start.numel():  # widened (train/head_init.py): the store's most frequent others after them
+                ids = top_up(start, ranked_ids(counts, seen_only=False), draft_rows)
+                log.info("draft vocabulary: %d more, the store's most frequent others", ids.numel() - start.numel())
         elif eagle3:
             ids = ranked_ids(counts, draft_rows, seen_only=False) if draft_rows < counts.numel() else None
         elif keep_start and start is not None:
