@@ -24,6 +24,7 @@ from tests.tiny import (ROOT, clean_env, kill_once_checkpointed, lock_held_elsew
                         write_tiny_store)
 from train.checkpoints import step_tag
 from train.config import validate
+from train.stages import read_stages
 from train.trainer import Trainer
 from train.vocab_choice import main as vocab_main
 from train.vocab_choice import token_counts
@@ -288,7 +289,7 @@ def test_a_head_trained_in_stages_keeps_every_stage(tiny, tmp_path):
     """A fine-tune's head records its starting head's stages and its own (training.json); its card
     lists them all, and a conversion to another layout carries them along."""
     from train.publish import convert
-    from train.stages import STAGES_FILE, read_stages
+    from train.stages import STAGES_FILE
 
     first = Trainer(make_cfg(tiny, tmp_path / "a", "train.max_steps=2")).fit().head_dir
     (stage1,) = read_stages(first)
@@ -480,7 +481,11 @@ def test_an_eagle3_fine_tune_widens_an_lm_head_of_the_targets_rows(tiny3, tmp_pa
     lm_head = second.engine.module.lm_head.weight.detach().float()
     torch.testing.assert_close(lm_head[:64], start.lm_head.weight)
     torch.testing.assert_close(lm_head[64:], second.frozen.lm_head[ids[64:]].to(torch.bfloat16).float())
-    assert torch.equal(load_head(second.fit().head_dir).draft_ids, ids)
+    widened = second.fit().head_dir
+    assert torch.equal(load_head(widened).draft_ids, ids)
+    card = (widened / "README.md").read_text()  # each stage's size, and the widening, on the card
+    assert "its weights; its draft vocabulary widened from 64 to 96 tokens" in card
+    assert [s.draft_vocab for s in read_stages(widened)] == [64, 96] and "the draft vocabulary (96 tokens) covers" in card
 
     whole = Trainer(make_cfg(tiny3, tmp_path / "c", *eagle3, "train.max_steps=1", f"train.init_head={head_dir}",
                              "train.draft_vocab=null"))

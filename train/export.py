@@ -42,11 +42,12 @@ class CardInfo:
     draft_vocab: int | None = None  # tokens the draft scores (None: the whole vocabulary)
     vocab_coverage: float = 1.0  # share of the training tokens inside the draft vocabulary
     earlier: list[Stage] = field(default_factory=list)  # the starting head's stages (train/stages.py)
+    start_vocab: int | None = None  # the starting head's draft vocabulary size, when it had one
 
     def stage(self) -> Stage:
         """This run as a training stage."""
         return Stage(self.data, self.store_records, self.store_tokens, self.steps, round(self.epochs, 4),
-                     round(self.vocab_coverage, 6) if self.draft_vocab else None, self.code_version)
+                     round(self.vocab_coverage, 6) if self.draft_vocab else None, self.code_version, self.draft_vocab)
 
     def stages(self) -> list[Stage]:
         return [*self.earlier, self.stage()]
@@ -111,7 +112,14 @@ def _data(info: CardInfo) -> str:
 def _start(info: CardInfo) -> str:
     """The card's line naming the head a fine-tune started from (none for a head trained from scratch)."""
     start = info.config.get("init_head")
-    return f"- Started from: the head in `{start}` (its weights and draft vocabulary)\n" if start else ""
+    if not start:
+        return ""
+    if info.start_vocab and info.draft_vocab and info.draft_vocab > info.start_vocab:  # train/head_init.py
+        kept = (f"its weights; its draft vocabulary widened from {info.start_vocab:,} to {info.draft_vocab:,} tokens, "
+                f"the target's lm_head rows of the new ones appended")
+    else:
+        kept = "its weights and draft vocabulary"
+    return f"- Started from: the head in `{start}` ({kept})\n"
 
 
 def model_card(info: CardInfo, repo_id: str | None = None) -> str:

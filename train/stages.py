@@ -28,10 +28,12 @@ class Stage:
     epochs: float
     vocab_coverage: float | None = None  # share of its training tokens inside the draft vocabulary
     code_version: str = "unknown"
+    draft_vocab: int | None = None  # the draft vocabulary's size (None: the whole vocabulary, or not recorded)
 
     def line(self) -> str:
         """The stage as the model card lists it."""
-        cover = "" if self.vocab_coverage is None else f"; the draft vocabulary covers {self.vocab_coverage:.2%} of its tokens"
+        size = "" if self.draft_vocab is None else f" ({self.draft_vocab:,} tokens)"
+        cover = "" if self.vocab_coverage is None else f"; the draft vocabulary{size} covers {self.vocab_coverage:.2%} of its tokens"
         return (f"`{self.data}` ({self.records:,} records, {self.tokens:,} tokens): {self.steps} steps "
                 f"({self.epochs:.2f} epochs){cover}")
 

@@ -88,6 +88,7 @@ class Trainer:
         start_dir = resolve_head_dir(t.init_head) if t.init_head else None  # fine-tuning's start; a Hub id fetched once
         start = load_head(start_dir, dtype=torch.float32) if start_dir else None
         self.earlier_stages = read_stages(start_dir) if start_dir else []  # its training.json
+        self.start_vocab = None if start is None or start.draft_ids is None else start.draft_ids.numel()
         self.code_version = code_version()  # the code that runs: the tree may move on during a long run
         self.ds_conf = on_device(ds_config(cfg), self.device)
         self.dtype = compute_dtype(self.ds_conf)
@@ -337,7 +338,7 @@ class Trainer:
             config=OmegaConf.to_container(self.cfg.train, resolve=True), code_version=self.code_version,
             head_layers=self.draft_config.num_hidden_layers,
             draft_vocab=None if self.vocab.stored() is None else self.vocab.stored().numel(),
-            vocab_coverage=self.vocab.coverage, earlier=self.earlier_stages,
+            vocab_coverage=self.vocab.coverage, earlier=self.earlier_stages, start_vocab=self.start_vocab,
         )
 
     # ---------------------------------------------------------------- logging
