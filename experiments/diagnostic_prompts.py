@@ -31,6 +31,7 @@ def setup(args: argparse.Namespace):
     sets: dict[str, list[Question]] = {
         "mtbench": first_per_category(load_questions("mtbench"), args.per_category),
         "sharegpt-heldout": sharegpt_heldout(args.sharegpt)}
+    sets = {name: questions for name, questions in sets.items() if questions}  # 0 of a set: leave it out
     return load_tokenizer(target_dir), load_target(target_dir, "bfloat16"), sets
 
 

@@ -71,7 +71,7 @@ def test_the_shipped_recipe_chains_its_stages():
     eagle3 = ("smollm2_eagle3", *(f"smollm2_eagle3_slice{n}" for n in range(2, 7)), "smollm2_eagle3_slice2_pass2",
               "smollm2_eagle3_slice7", "smollm2_eagle3_slice3_pass2", "smollm2_eagle3_slice8",
               "smollm2_eagle3_slice9", *(f"smollm2_eagle3_slice{n}" for n in range(10, 15)),
-              "smollm2_eagle3_slice14_pass2")
+              "smollm2_eagle3_slice14_pass2", "smollm2_eagle3_slice15")
     stages = [composed(e) for e in eagle3]
     new_slices, passed_twice = stages[:1], []
     for name, before, after in zip(eagle3[1:], stages, stages[1:]):
@@ -95,7 +95,7 @@ def test_the_shipped_recipe_chains_its_stages():
     # and its stage 5: the shipped head on EAGLE-3's slice of the target's own replies (stage 16's store)
     eagle2 = composed("smollm2_eagle2_slice5")
     assert eagle2.train.init_head == "checkpoints/eagle-smollm2-135m-instruct" and eagle2.data.regenerate
-    assert eagle2.store_dir == new_slices[-1].store_dir
+    assert eagle2.store_dir == stages[eagle3.index("smollm2_eagle3_slice14")].store_dir
 
 
 def test_the_train_defaults_have_one_value_each():

@@ -27,7 +27,7 @@ from eagle.tuning.tuner import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget
 from eagle.targets.resolve import cache_dir
 
 # Bump when the tuner's measurement changes, so old picks are not reused.
-VERSION = 11  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;
+VERSION = 12  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;
 #            4: the head and its scorer compiled (draft and rest of a step cost less);
 #            5: the plain step timed in the verify widths' rounds (it was timed back to back, too fast);
 #            6: every compiled width autotuned to the C++ GEMM template (wide verifies cost less);
@@ -37,6 +37,7 @@ VERSION = 11  # 2: plain decoding is a candidate; 3: draft costs per pool width,
 #            10: the background tuner times with the only OpenMP team (eagle/common/openmp_team.py),
 #                the plain step costs no more than a 2-row verify (`forward_costs`);
 #            11: 48 calibration steps per prompt (16 saw too little of a reply to score the chain)
+#            12: calibration prompts that quote text (a function to fix, a message to rewrite)
 
 
 def tuned_sizes(model) -> tuple[int, ...]:

@@ -39,11 +39,12 @@ the head. `tune_tree` measures both sides at load time:
    step with a chain verifies n + L rows, costed as the narrowest timed width that holds them
    (`CHAIN_LENGTHS`), on every step (a step whose chain lies inside the tree, or finds none,
    verifies only n); n = 1 with a chain is prompt lookup alone, without drafting. A reply copies
-   from itself more the longer it runs, so calibration decodes `STEPS_PER_PROMPT` steps of each
-   prompt (~120 tokens): over the first 16 steps the chain found almost nothing to copy on the
-   calibration prompts (+1–3 % τ for the EAGLE-3 head's 16/3 tree) and over 48 it added 5–18 %, as
-   bf16 numerics send the greedy text one way or another (`python -m experiments.chain_calibration`;
-   real chats: +30 % and +50–70 %). A prompt's calibration ends at its EOS.
+   from itself and from the prompt more the longer it runs, so calibration decodes
+   `STEPS_PER_PROMPT` steps of each prompt (~120 tokens), and two of its six prompts quote text the
+   reply reuses, as real chats do. With the shipped EAGLE-3 head an 8-token chain adds 47 % to the
+   16/3 tree's τ on them, where the first turns of MT-bench gain 36 % and those of held-out ShareGPT
+   72 % (`python -m experiments.chain_calibration`); the four prompts without quotes scored 20 %.
+   A prompt's calibration ends at its EOS.
 
 The choice maximises mean(accepted) / (draft(width(n), d) + verify(n + L) + rest) over the grid; of
 the choices within `TOLERANCE` of the best it takes the cheapest step (the smallest tree,
@@ -84,11 +85,21 @@ CHAIN_LENGTHS = (1, 2, 3, 4, 6, 8, 10, 12, 16)  # prompt-lookup chains scored
 LOOKUP_LIMIT = max(CHAIN_LENGTHS)
 STEPS_PER_PROMPT = 48  # calibration steps of each prompt: replies copy from themselves later on
 TOLERANCE = 0.03  # choices this close to the best expected tokens/s count as equally fast
+# What users ask, by kind: a story, an explanation, a calculation, a list of tips, and two that quote text the
+# reply reuses (code to fix, a message to rewrite), as real chats do; without those two the chain's gain scored
+# 20 % where chats gain 36-72 % (docs/speed.md, "The chain where calibration says it pays").
 CALIBRATION_TEXTS = (
     "Write a short story about a lighthouse keeper who finds a message in a bottle.",
     "Explain the difference between a list and a tuple in Python, with examples.",
     "A train travels 120 km in 1.5 hours. What is its average speed? Show your steps.",
     "Give me five tips for staying focused while working from home.",
+    "This Python function should return the largest even number in a list, or None when there is none, "
+    "but it gives wrong answers. Fix it and explain what was wrong.\n\n"
+    "def largest_even(numbers):\n    best = 0\n    for n in numbers:\n        if n % 2 == 0 and n > best:\n"
+    "            best = n\n    return best",
+    "Rewrite this message so that it sounds formal:\n\nHey team, just a heads up that the office is closed next "
+    "Friday because they're fixing the heating. If you need to get stuff done that day, work from home, and tell "
+    "your manager by Wednesday so they can plan around it. Thanks!",
 )
 
 
