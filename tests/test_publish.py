@@ -180,3 +180,32 @@ def test_training_with_hub_push_uploads_the_exported_head(hub, tmp_path, monkeyp
     files = server.repos["carol/eagle-tiny"]
     assert files["model.safetensors"] == (result.head_dir / "model.safetensors").read_bytes()
     assert "carol/eagle-tiny" in files["README.md"].decode()  # the card's usage names the repo
+
+
+def test_publish_narrows_a_head_to_its_most_frequent_draft_tokens(tmp_path, capsys):
+    """`--draft-vocab N`: the written head keeps its first N draft tokens and, EAGLE-3, their lm_head rows, so
+    it scores every state as the full head does with the decoder's draft_vocab=N; the card says so. More
+    tokens than the head holds is a one-line error."""
+    import torch
+
+    from eagle.heads.checkpoint import load_head
+    from eagle.heads.draft_vocab import DraftVocabulary
+    from tests.tiny import random_eagle3_head, subset, tiny_llama
+
+    target = tiny_llama(5, layers=4)
+    save_head(tmp_path / "full", random_eagle3_head(target, layers=(1, 2, 3), vocab_ids=subset(128, 80, 2), seed=3),
+              card="# head\n\nAn EAGLE-3 draft head (80-token draft vocabulary)\n\n- Draft vocabulary: 80 tokens\n")
+    assert main([str(tmp_path / "full"), "--format", "eagle", "--out", str(tmp_path / "narrow"), "--draft-vocab", "48"]) == 0
+    full, narrow = (load_head(tmp_path / d, dtype=torch.float32) for d in ("full", "narrow"))
+    assert torch.equal(narrow.draft_ids, full.draft_ids[:48]) and narrow.config.draft_vocab_size == 48
+    states = torch.randn(5, target.config.hidden_size)
+    lm_head = target.get_output_embeddings()
+    with torch.no_grad():
+        torch.testing.assert_close(DraftVocabulary.of(narrow, lm_head).logp(states),
+                                   DraftVocabulary.of(full, lm_head, 48).logp(states), rtol=0, atol=0)
+    card = (tmp_path / "narrow" / "README.md").read_text()
+    assert "(48-token draft vocabulary)" in card and "- Draft vocabulary: 48 tokens, the first (most frequent) of the 80" in card
+
+    assert main([str(tmp_path / "full"), "--format", "eagle", "--out", str(tmp_path / "x"), "--draft-vocab", "81"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert "draft_vocab=81" in err and len(err.splitlines()) == 1

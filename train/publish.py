@@ -1,6 +1,7 @@
 """Write an exported head in a serving engine's layout, and upload it to the Hugging Face Hub.
 
     python -m train.publish checkpoints/runs/NAME/head --format sglang             # writes .../head-sglang
+    python -m train.publish HEAD --format eagle --out DIR --draft-vocab 12288     # its 12,288 most frequent tokens
     python -m train.publish HEAD --format speculators --target ORG/MODEL   # another name for the target
     python -m train.publish checkpoints/runs/NAME/head --repo-id USER/eagle-NAME [--format vllm] [--private]
 
@@ -14,6 +15,7 @@ cannot take) end in one line, not a traceback.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -37,12 +39,13 @@ def check_head_dir(directory: str | Path) -> Path:
 
 
 def convert(directory: str | Path, fmt: str, out: str | Path, repo_id: str | None = None,
-            embedding_from: str | None = None, target: str | None = None) -> Path:
+            embedding_from: str | None = None, target: str | None = None, draft_vocab: int | None = None) -> Path:
     """The head of `directory` written to `out` in layout `fmt`, its card given the serve commands
     (its training stages, train/stages.py, go along).
     `target`: the name engines load the target by (a Hub id), recorded in the config (speculators'
     verifier) and used by the card's commands; default: the Hub id of the one the head was trained
-    with (eagle/targets/resolve.py `hub_id`: a packaged alias becomes the Hub model it ships)."""
+    with (eagle/targets/resolve.py `hub_id`: a packaged alias becomes the Hub model it ships).
+    `draft_vocab`: keep only the head's first N draft tokens (eagle/heads/draft_vocab.py `narrow`)."""
     from eagle.heads.checkpoint import load_head, save_head
     from eagle.heads.formats import FormatError
     from eagle.targets.resolve import hub_id
@@ -53,7 +56,10 @@ def convert(directory: str | Path, fmt: str, out: str | Path, repo_id: str | Non
     head = load_head(directory)
     head.config.target = target or hub_id(head.config.target)  # config.target is a str ("" when unknown)
     card_path = directory / "README.md"
-    card = serving_card(card_path.read_text() if card_path.exists() else "", head, fmt, repo_id)
+    card = card_path.read_text() if card_path.exists() else ""
+    if draft_vocab is not None:
+        card = _narrowed(head, draft_vocab, card, directory)
+    card = serving_card(card, head, fmt, repo_id)
     extra = _target_embedding(embedding_from) if embedding_from else None
     stages = directory / STAGES_FILE
     files = {STAGES_FILE: stages.read_text()} if stages.is_file() else None
@@ -61,6 +67,21 @@ def convert(directory: str | Path, fmt: str, out: str | Path, repo_id: str | Non
         return save_head(out, head, dtype=next(head.parameters()).dtype, card=card, fmt=fmt, extra=extra, files=files)
     except FormatError as e:
         raise PublishError(f"{directory} as {fmt}: {e}") from None
+
+
+def _narrowed(head, size: int, card: str, directory: Path) -> str:
+    """Narrow `head` to its first `size` draft tokens; the card's vocabulary lines say so."""
+    from eagle.heads.draft_vocab import narrow
+
+    before = None if head.draft_ids is None else head.draft_ids.numel()
+    try:
+        narrow(head, size)
+    except ValueError as e:
+        raise PublishError(f"{directory}: {e}") from None
+    card = card.replace(f"{before}-token draft vocabulary", f"{size}-token draft vocabulary")
+    line = (f"- Draft vocabulary: {size:,} tokens, the first (most frequent) of the {before:,} it trained with "
+            f"(`python -m train.publish --draft-vocab {size}`)")
+    return re.sub(r"^- Draft vocabulary: .*$", line, card, count=1, flags=re.M)
 
 
 def _target_embedding(base: str) -> dict:
@@ -119,6 +140,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default=None, metavar="NAME",
                         help="the target's name in the written config and serve commands, e.g. its Hub id "
                              "(default: the Hub id of the one it was trained for)")
+    parser.add_argument("--draft-vocab", type=int, default=None, metavar="N",
+                        help="keep only the head's N most frequent draft tokens (an EAGLE-3 head: and their lm_head "
+                             "rows), for a smaller file; decoding drafts as with draft_vocab=N")
     parser.add_argument("--private", action="store_true")
     parser.add_argument("--endpoint", default=None, help="Hub URL (default: HF_ENDPOINT or the public Hub)")
     parser.add_argument("--message", default="Upload EAGLE draft head")
@@ -126,10 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.repo_id is None and args.format is None:
         parser.error("say --format NAME (write a folder), --repo-id USER/NAME (upload), or both")
     try:
-        if args.repo_id is None or args.out or args.embedding_from or args.target:
+        if args.repo_id is None or args.out or args.embedding_from or args.target or args.draft_vocab:
             fmt = args.format or _format_of(Path(args.ckpt_dir))
             out = args.out or f"{str(args.ckpt_dir).rstrip('/')}-{fmt}"
-            written = convert(args.ckpt_dir, fmt, out, args.repo_id, args.embedding_from, args.target)
+            written = convert(args.ckpt_dir, fmt, out, args.repo_id, args.embedding_from, args.target, args.draft_vocab)
             print(written)
             if args.repo_id is None:
                 return 0

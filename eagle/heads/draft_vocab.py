@@ -12,6 +12,7 @@ changes the output; it only shrinks the draft's `lm_head` work (on a CPU its lar
   speculators assume; the frequency order travels separately as `draft_rank [N]` (the
   in-memory position of each stored draft id), so "the N most frequent" still works. Heads
   stored without `draft_rank` (the authors', and ours of older versions) load in their stored order.
+- **Narrowed** (`narrow`): a head's first N tokens, with an EAGLE-3 head's rows of them.
 - **Topped up** (`top_up`): a list, then another's ids it lacks. Fine-tuning keeps its starting
   head's tokens beyond the store's; `train.vocab_choice --keep` keeps a head's list first; the decoder's
   `draft_vocab=N` beyond a head's list adds the target's other tokens.
@@ -62,6 +63,20 @@ def top_up(ids: torch.Tensor, extra: torch.Tensor | None, size: int | None) -> t
         return ids
     missing = extra[~torch.isin(extra, ids)]
     return torch.cat([ids, missing[: size - ids.numel() if size else None].to(ids.dtype)])
+
+
+def narrow(head: nn.Module, size: int) -> None:
+    """Keep only a head's first `size` draft tokens (the most frequent, for heads this project trains), in
+    place: an EAGLE-3 head keeps their lm_head rows, so it drafts as `draft_vocab=size` makes it draft at
+    decode time, from a smaller file (`python -m train.publish --draft-vocab N`)."""
+    ids = head.draft_ids
+    if ids is None or not 0 < size <= ids.numel():
+        held = "the whole vocabulary" if ids is None else f"{ids.numel()} tokens"
+        raise ValueError(f"draft_vocab={size}: the head drafts over {held}; keep between 1 and all of its own list")
+    if head.config.architecture == "eagle3":
+        head.lm_head = _rows(head.lm_head, torch.arange(size))
+        head.config.draft_vocab_size = size
+    head.draft_ids = ids[:size].clone()
 
 
 def coverage(counts: torch.Tensor, sizes: Iterable[int]) -> dict[int, float]:
