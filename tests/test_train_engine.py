@@ -291,12 +291,14 @@ def test_a_head_trained_in_stages_keeps_every_stage(tiny, tmp_path):
     from train.publish import convert
     from train.stages import STAGES_FILE
 
-    first = Trainer(make_cfg(tiny, tmp_path / "a", "train.max_steps=2")).fit().head_dir
+    first = Trainer(make_cfg(tiny, tmp_path / "a", "train.max_steps=2", "train.lr=0.001")).fit().head_dir
     (stage1,) = read_stages(first)
-    assert (stage1.steps, stage1.records) == (2, 48) and stage1.tokens > 0
-    second = Trainer(make_cfg(tiny, tmp_path / "b", "train.max_steps=1", f"train.init_head={first}")).fit().head_dir
+    assert (stage1.steps, stage1.records, stage1.lr) == (2, 48, 0.001) and stage1.tokens > 0
+    second = Trainer(make_cfg(tiny, tmp_path / "b", "train.max_steps=1", "train.lr=0.0003",
+                              f"train.init_head={first}")).fit().head_dir
     stages = read_stages(second)
-    assert stages[0] == stage1 and stages[1].steps == 1 and len(stages) == 2
+    assert stages[0] == stage1 and (stages[1].steps, stages[1].lr) == (1, 0.0003) and len(stages) == 2
+    assert " epochs, peak lr 0.0003)" in stages[1].line()
     card = (second / "README.md").read_text()
     assert "- Data, in 2 stages, each starting from the head the one before made:\n  1. `" in card
     assert f"  2. {stages[1].line()}\n- Started from: the head in `{first}`" in card

@@ -47,7 +47,8 @@ class CardInfo:
     def stage(self) -> Stage:
         """This run as a training stage."""
         return Stage(self.data, self.store_records, self.store_tokens, self.steps, round(self.epochs, 4),
-                     round(self.vocab_coverage, 6) if self.draft_vocab else None, self.code_version, self.draft_vocab)
+                     round(self.vocab_coverage, 6) if self.draft_vocab else None, self.code_version, self.draft_vocab,
+                     self.config.get("lr"))
 
     def stages(self) -> list[Stage]:
         return [*self.earlier, self.stage()]

@@ -29,13 +29,15 @@ class Stage:
     vocab_coverage: float | None = None  # share of its training tokens inside the draft vocabulary
     code_version: str = "unknown"
     draft_vocab: int | None = None  # the draft vocabulary's size (None: the whole vocabulary, or not recorded)
+    lr: float | None = None  # the schedule's peak learning rate (None: not recorded)
 
     def line(self) -> str:
         """The stage as the model card lists it."""
         size = "" if self.draft_vocab is None else f" ({self.draft_vocab:,} tokens)"
         cover = "" if self.vocab_coverage is None else f"; the draft vocabulary{size} covers {self.vocab_coverage:.2%} of its tokens"
+        lr = "" if self.lr is None else f", peak lr {self.lr:g}"
         return (f"`{self.data}` ({self.records:,} records, {self.tokens:,} tokens): {self.steps} steps "
-                f"({self.epochs:.2f} epochs){cover}")
+                f"({self.epochs:.2f} epochs{lr}){cover}")
 
 
 def read_stages(head_dir: str | Path) -> list[Stage]:
