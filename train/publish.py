@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.repo_id is None and args.format is None:
         parser.error("say --format NAME (write a folder), --repo-id USER/NAME (upload), or both")
     try:
-        if args.repo_id is None or args.out or args.embedding_from or args.target or args.draft_vocab:
+        if args.repo_id is None or args.out or args.embedding_from or args.target or args.draft_vocab is not None:
             fmt = args.format or _format_of(Path(args.ckpt_dir))
             out = args.out or f"{str(args.ckpt_dir).rstrip('/')}-{fmt}"
             written = convert(args.ckpt_dir, fmt, out, args.repo_id, args.embedding_from, args.target, args.draft_vocab)
