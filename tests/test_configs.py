@@ -71,7 +71,8 @@ def test_the_shipped_recipe_chains_its_stages():
     eagle3 = ("smollm2_eagle3", *(f"smollm2_eagle3_slice{n}" for n in range(2, 7)), "smollm2_eagle3_slice2_pass2",
               "smollm2_eagle3_slice7", "smollm2_eagle3_slice3_pass2", "smollm2_eagle3_slice8",
               "smollm2_eagle3_slice9", *(f"smollm2_eagle3_slice{n}" for n in range(10, 15)),
-              "smollm2_eagle3_slice14_pass2", "smollm2_eagle3_slice15", "smollm2_eagle3_slice16")
+              "smollm2_eagle3_slice14_pass2", "smollm2_eagle3_slice15", "smollm2_eagle3_slice16",
+              "smollm2_eagle3_slice17")
     stages = [composed(e) for e in eagle3]
     new_slices, passed_twice = stages[:1], []
     for name, before, after in zip(eagle3[1:], stages, stages[1:]):
