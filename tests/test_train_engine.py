@@ -95,6 +95,27 @@ def test_resume_continues_at_same_step_with_same_batches(tiny, tmp_path, optimiz
         assert torch.equal(a[k], b[k]), k
 
 
+def test_export_epochs_writes_a_head_at_each_epoch_end_but_the_last(tiny, tmp_path):
+    """train.export_epochs: epochs/epochN/head after epochs 1 and 2 of 3, each with its own step count
+    and held-out metrics on its card; a run killed inside an epoch writes the heads of its epochs once resumed."""
+    common = ("train.epochs=3", "deepspeed=zero0_fp32", "train.export_dtype=float32", "train.export_epochs=true")
+    first = Trainer(make_cfg(tiny, tmp_path, *common, "train.save_every=1"))
+    spe = first.steps_per_epoch
+    assert first.total_steps == 3 * spe and spe >= 2
+    first.cfg.train.stop_after = spe + 1  # killed in epoch 2: epoch 1's head is there, epoch 2's not yet
+    assert first.fit().stopped
+    epochs = tmp_path / "epochs"
+    assert sorted(p.name for p in epochs.iterdir()) == ["epoch1"]
+    result = Trainer(make_cfg(tiny, tmp_path, *common, "train.save_every=1")).fit()
+    assert sorted(p.name for p in epochs.iterdir()) == ["epoch1", "epoch2"]  # the last epoch's is output_dir/head
+    heads = [load_head(epochs / "epoch1" / "head"), load_head(epochs / "epoch2" / "head"), load_head(result.head_dir)]
+    for n, head in enumerate(heads[:2], 1):
+        assert read_stages(epochs / f"epoch{n}" / "head")[-1].steps == n * spe
+        assert "eval_top1" in (epochs / f"epoch{n}" / "head" / "README.md").read_text()
+    weights = [h.state_dict()["fc.weight"] for h in heads]
+    assert not torch.equal(weights[0], weights[1]) and not torch.equal(weights[1], weights[2])
+
+
 def test_resume_refuses_a_checkpoint_of_another_store(tiny, tmp_path):
     """A run folder keeps its store: resuming it over other data is a clear error, not a silent mix."""
     target, _ = tiny

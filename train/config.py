@@ -68,6 +68,7 @@ class TrainConfig:
     resume: str = "auto"  # auto | none | a checkpoint directory
     stop_after: int | None = None
     export_dtype: str = "bfloat16"
+    export_epochs: bool = False  # also a head at each epoch's end but the last: output_dir/epochs/epochN
     num_workers: int | None = None  # DataLoader workers; None = 4 with pinned memory on a GPU, 0 on a CPU
     progress: bool = True
 

@@ -57,6 +57,7 @@ log = logging.getLogger("train")
 CHECKPOINTS = "checkpoints"
 WINDOW_ONLY = ("tokens_per_s", "pairs", "seconds")  # logged per window (metrics.jsonl), not model-card figures
 HEAD = "head"
+EPOCHS = "epochs"  # train.export_epochs: epochs/epochN/head
 
 
 @dataclass
@@ -209,6 +210,7 @@ class Trainer:
                 window, window_start = stats.zeros(self.device), time.perf_counter()
             if self.step < self.total_steps:
                 self._evaluate_due(tracker)
+                self._export_epoch_due(train_metrics, tracker)  # before the save: a kill in it redoes it
             if t.save_every and self.step % t.save_every == 0:
                 self.save()
             if t.stop_after and self.step >= t.stop_after and self.step < self.total_steps:
@@ -238,6 +240,18 @@ class Trainer:
             metrics.update(self.acceptance())
         if metrics:
             self._log_eval(tracker, metrics)
+
+    def _export_epoch_due(self, train_metrics: dict, tracker: Tracker) -> None:
+        """With train.export_epochs, at the end of every epoch but the last: held-out metrics (and τ
+        when judging) and a head in output_dir/epochs/epochN, so τ per epoch can be judged afterwards
+        (by vLLM: python -m evaluation.acceptance --heads e1=RUN/epochs/epoch1/head,...)."""
+        if not self.cfg.train.export_epochs or self.step % self.steps_per_epoch:
+            return
+        metrics = self.evaluate()
+        if self.judging:
+            metrics.update(self.acceptance())
+        self._log_eval(tracker, metrics)
+        self.export(train_metrics, metrics, self.output_dir / EPOCHS / f"epoch{self.step // self.steps_per_epoch}")
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
@@ -316,10 +330,11 @@ class Trainer:
         if self.rank == 0:
             log.info("resumed %s at step %d", load_path, self.step)
 
-    def export(self, train_metrics: dict, eval_metrics: dict) -> Path | None:
-        """Write output_dir/head (EAGLE layout + model card) from the full weights; rank 0 writes."""
+    def export(self, train_metrics: dict, eval_metrics: dict, where: Path | None = None) -> Path | None:
+        """Write where/head (default output_dir/head: EAGLE layout + model card) from the full weights;
+        rank 0 writes. Collective."""
         state = full_state_dict(self.engine)  # collective under ZeRO-3
-        head_dir = self.output_dir / HEAD
+        head_dir = (where or self.output_dir) / HEAD
         if self.rank == 0:
             export_head(head_dir, state, self.draft_config, self.card_info(train_metrics, eval_metrics),
                         getattr(torch, self.cfg.train.export_dtype),
