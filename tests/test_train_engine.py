@@ -70,6 +70,14 @@ def test_loss_falls_with_each_zero_stage(tiny, tmp_path, deepspeed, optimizer):
     assert (tmp_path / "checkpoints" / "step00000030").is_dir()
 
 
+def test_the_lk_token_loss_trains_toward_acceptance(tiny, tmp_path):
+    """train.token_loss=lk on the tiny store: the held-out acceptance α = Σ min(p, q) rises."""
+    trainer = Trainer(make_cfg(tiny, tmp_path, "train.max_steps=30", "train.token_loss=lk", "train.p_w=1.0"))
+    before = trainer.evaluate()
+    after = trainer.fit().eval_metrics
+    assert after["accept"] > before["accept"] + 0.005, (before, after)  # a tiny random target: α starts at 0.93
+
+
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_resume_continues_at_same_step_with_same_batches(tiny, tmp_path, optimizer):
     """Stopped at step 4 and resumed == uninterrupted 8 steps: same batches, same weights (Muon's

@@ -14,7 +14,8 @@ from data_prep.store import Record
 from train.config import validate
 from train.data import BatchPlan, collate, length_batches, split_indices
 from train.engine import compute_dtype, ds_config, lr_lambda, on_device, schedule_span
-from train.loss import eagle_loss, make_pairs, pass_mask, summarize, uniform_noise, vocab_target
+from train.loss import (eagle3_loss, eagle_loss, make_pairs, pass_mask, summarize, token_objective, uniform_noise,
+                        vocab_target)
 
 CONF = Path(__file__).resolve().parent.parent / "conf"
 MODELS = sorted(p.stem for p in (CONF / "model").glob("*.yaml"))
@@ -51,6 +52,47 @@ def test_loss_counts_only_masked_pairs():
     assert torch.allclose(out.token_loss, ce, atol=1e-5)
     assert torch.allclose(out.loss, f + 0.1 * ce, atol=1e-5)
     assert float(out.sums["n"]) == 3
+
+
+def test_the_lk_token_term_is_minus_log_acceptance_and_ce_is_still_reported():
+    """train.token_loss=lk: the token term is -log Σ min(p, q) per row; `token_loss` stays the CE and
+    `accept` the mean α, so recipes compare on both."""
+    torch.manual_seed(4)
+    pred, target, lm_head = torch.randn(2, 5, 8), torch.randn(2, 5, 8), torch.randn(11, 8)
+    mask = torch.tensor([[1, 1, 0, 1, 0], [0, 1, 1, 1, 1]], dtype=torch.bool)
+    ce_run = eagle_loss(pred, target, mask, lm_head)
+    lk_run = eagle_loss(pred, target, mask, lm_head, objective="lk")
+    p = torch.softmax(target[mask] @ lm_head.T, -1)
+    q = torch.softmax(pred[mask] @ lm_head.T, -1)
+    alpha = torch.minimum(p, q).sum(-1)  # [N]
+    assert torch.allclose(lk_run.loss, ce_run.feature_loss + 0.1 * -alpha.log().mean(), atol=1e-5)
+    assert torch.allclose(lk_run.token_loss, ce_run.token_loss)
+    assert summarize(lk_run.sums)["accept"] == pytest.approx(float(alpha.mean()), abs=1e-6)
+    with pytest.raises(ValueError, match="train.token_loss='kl'"):
+        token_objective("kl", alpha, alpha)
+
+
+def test_the_lk_gradient_is_the_acceptance_gradient_over_alpha():
+    """d(-log α)/dz_j = -q_j (1[q_j < p_j] - Σ_{x: q_x < p_x} q_x) / α for draft logits z."""
+    torch.manual_seed(5)
+    p = torch.softmax(torch.randn(3, 9), -1)
+    z = torch.randn(3, 9, requires_grad=True)
+    logq = torch.log_softmax(z, -1)
+    eagle3 = eagle3_loss(lambda s: s, z[None], torch.ones(1, 3, dtype=torch.bool),
+                         vocab_target_of(p), objective="lk")
+    eagle3.loss.backward()
+    q = logq.exp().detach()
+    under = (q < p).float()
+    alpha = torch.minimum(p, q).sum(-1, keepdim=True)
+    expected = -q * (under - (under * q).sum(-1, keepdim=True)) / alpha / 3  # the mean over 3 rows
+    assert torch.allclose(z.grad, expected, atol=1e-6)
+
+
+def vocab_target_of(probs: torch.Tensor):
+    """A VocabTarget with these target probabilities [N, V] (whole vocabulary, argmax in it)."""
+    from train.loss import VocabTarget
+
+    return VocabTarget(probs, probs.argmax(-1), torch.ones(probs.shape[0], dtype=torch.bool))
 
 
 def test_loss_gradients_only_reach_masked_rows_and_accuracy():

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from data_prep.data_config import require_model
 from eagle.heads.formats import FORMATS
+from train.loss import TOKEN_LOSSES
 
 
 @dataclass
@@ -51,6 +52,7 @@ class TrainConfig:
     max_steps: int | None = None
     v_w: float = 1.0
     p_w: float = 0.1
+    token_loss: str = "ce"  # ce | lk: the token term (train/loss.py): cross-entropy, or -log of the acceptance
     noise: float = 0.2
     noise_ref_len: int | None = 512
     topk: int = 3
@@ -119,6 +121,8 @@ def validate(cfg: DictConfig) -> DictConfig:
     t = cfg.train
     if t.features not in FEATURES:
         raise ValueError(f"train.features={t.features!r}: expected one of {FEATURES}")
+    if t.token_loss not in TOKEN_LOSSES:
+        raise ValueError(f"train.token_loss={t.token_loss!r}: expected one of {TOKEN_LOSSES}")
     if t.schedule not in SCHEDULES:
         raise ValueError(f"train.schedule={t.schedule!r}: expected one of {SCHEDULES}")
     if t.warmup_steps is None and (t.warmup_ratio is None or not 0.0 <= t.warmup_ratio < 1.0):

@@ -1,7 +1,13 @@
 """The draft losses, over loss-masked pairs only.
 
-EAGLE-1/2 (`eagle_loss`): v_w * SmoothL1(feature) + p_w * CE(token). EAGLE-3 (`eagle3_loss`):
-CE(token) over the draft vocabulary only, no feature term.
+EAGLE-1/2 (`eagle_loss`): v_w * SmoothL1(feature) + p_w * token term. EAGLE-3 (`eagle3_loss`):
+the token term over the draft vocabulary only, no feature term.
+
+The token term (`train.token_loss`, `token_objective`): `ce`, the cross-entropy against the target's
+distribution p (= KL(p || q) up to a constant), or `lk`, -log α with α = Σ_x min(p(x), q(x)), the
+probability that a token the draft q samples is accepted at temperature 1 (1 - TV(p, q)): it targets
+acceptance itself, where a small head cannot reach q = p and the KL optimum need not be the acceptance
+optimum (the LK losses of Samarin et al., 2026). Both report CE as `token_loss` and α as `accept`.
 
 Pairing (see train/data.py): from a padded batch of S rows we form S-1 pairs,
     inputs  f_t = hidden[:, :-1]        tokens x_{t+1} = input_ids[:, 1:]
@@ -64,7 +70,30 @@ class LossOutput:
     loss: torch.Tensor  # [] weighted total
     feature_loss: torch.Tensor  # [] mean SmoothL1 over masked pairs (and hidden dims)
     token_loss: torch.Tensor  # [] mean soft cross-entropy over masked pairs
-    sums: dict[str, torch.Tensor]  # n, feature, token, top1, topk: float64 sums on the loss's device
+    sums: dict[str, torch.Tensor]  # n, feature, token, accept, top1, topk: float64 sums on the loss's device
+
+
+TOKEN_LOSSES = ("ce", "lk")
+
+
+def token_terms(probs: torch.Tensor, logp: torch.Tensor, objective: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per row, from the target's probabilities p and the draft's log-probabilities log q ([N, V] each):
+    the cross-entropy -Σ p log q and the acceptance α = Σ min(p, q) ([N] each); α carries a gradient
+    only when the objective needs it (`ce` keeps no second [N, V] tensor for the backward)."""
+    ce = -(probs * logp).sum(-1)
+    with torch.set_grad_enabled(torch.is_grad_enabled() and objective != "ce"):
+        accept = torch.minimum(probs, logp.exp()).sum(-1)
+    return ce, accept
+
+
+def token_objective(kind: str, ce: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
+    """The per-row token loss [N] to minimize: `ce`, or `lk` = -log α (its gradient is TV's scaled by
+    1/α, so rows the draft misses still pull; α is floored at 1e-6)."""
+    if kind == "ce":
+        return ce
+    if kind == "lk":
+        return -torch.log(accept.clamp_min(1e-6))
+    raise ValueError(f"train.token_loss={kind!r}: expected one of {TOKEN_LOSSES}")
 
 
 @dataclass
@@ -98,6 +127,7 @@ def eagle_loss(
     topk: int = 3,
     step: int = 0,
     dist: VocabTarget | None = None,
+    objective: str = "ce",
 ) -> LossOutput:
     """EAGLE's loss over the masked pairs of unrolled pass `step` (see pass_mask). `dist`: the
     target's distribution over `mask`'s rows (vocab_target), computed once and shared by the
@@ -118,8 +148,9 @@ def eagle_loss(
     dist = dist or vocab_target(target, mask, lm, None, None)
     draft_logits = pred_m @ lm.T  # [N, V]
     draft_logp = torch.log_softmax(draft_logits.float(), dim=-1)
-    token_loss = (-(dist.probs * draft_logp).sum(-1) * weight).sum()
-    loss = v_w * feature_loss + p_w * token_loss
+    ce, accept = token_terms(dist.probs, draft_logp, objective)  # [N] each
+    token_loss = (ce * weight).sum()
+    loss = v_w * feature_loss + p_w * (token_objective(objective, ce, accept) * weight).sum()
     with torch.no_grad():
         draft_top = draft_logits[keep].topk(min(topk, draft_logits.shape[-1]), dim=-1).indices  # [n, k]
         hits = draft_top == dist.top[keep][:, None]
@@ -127,6 +158,7 @@ def eagle_loss(
             "n": torch.full((), float(n), dtype=torch.float64, device=pred.device),
             "feature": feature_loss.detach().double() * n,
             "token": token_loss.detach().double() * n,
+            "accept": accept.detach()[keep].sum().double(),
             "top1": hits[:, 0].sum().double(),
             "topk": hits.any(-1).sum().double(),
         }
@@ -146,17 +178,19 @@ def _no_pairs(pred: torch.Tensor, *scored: torch.Tensor) -> LossOutput:
     """The loss of a batch without masked pairs: 0, still differentiable (through `pred` and what was
     `scored` of it), zero sums."""
     zero = sum((t.sum() for t in scored), pred.sum()) * 0.0
-    sums = {k: torch.zeros((), dtype=torch.float64, device=pred.device) for k in ("n", "feature", "token", "top1", "topk")}
+    sums = {k: torch.zeros((), dtype=torch.float64, device=pred.device)
+            for k in ("n", "feature", "token", "accept", "top1", "topk")}
     return LossOutput(zero, zero.detach(), zero.detach(), sums)
 
 
 def eagle3_loss(logits_of, pred: torch.Tensor, mask: torch.Tensor, target: VocabTarget, step: int = 0,
-                draft_ids: torch.Tensor | None = None, topk: int = 3) -> LossOutput:
+                draft_ids: torch.Tensor | None = None, topk: int = 3, objective: str = "ce") -> LossOutput:
     """EAGLE-3's token loss for the head states `pred` [B, S, H] of unrolled pass `step`.
 
     logits_of: head states [N, H] -> draft-vocabulary logits [N, Vd] (the head's norm + lm_head).
-    CE against `target.probs` over rows whose target argmax is in the draft vocabulary; top-1
-    counts every row (a target token outside the vocabulary is a miss).
+    The token term (`objective`) against `target.probs` over rows whose target argmax is in the draft
+    vocabulary; top-1 and α count every row (a target token outside the vocabulary is a miss; α is
+    taken against p restricted to the draft vocabulary).
 
     Every masked row is scored and the pass's rows are weighed in, so the backward keeps
     `target.probs` itself, not a per-pass copy of its rows; and `logits_of` runs once per pass on
@@ -167,8 +201,10 @@ def eagle3_loss(logits_of, pred: torch.Tensor, mask: torch.Tensor, target: Vocab
     if n == 0:
         return _no_pairs(pred, logp)
     counted = keep & target.in_vocab  # [N]
-    ce = -(target.probs * logp).sum(-1)  # [N]
-    token_loss = (ce * counted).sum() / counted.sum().clamp(min=1)
+    ce, accept = token_terms(target.probs, logp, objective)  # [N] each
+    rows = counted.sum().clamp(min=1)
+    token_loss = (ce * counted).sum() / rows
+    loss = (token_objective(objective, ce, accept) * counted).sum() / rows
     with torch.no_grad():
         draft_top = logp[keep].topk(min(topk, logp.shape[-1]), dim=-1).indices  # [n, k] draft ids
         if draft_ids is not None:
@@ -176,19 +212,20 @@ def eagle3_loss(logits_of, pred: torch.Tensor, mask: torch.Tensor, target: Vocab
         hits = draft_top == target.top[keep][:, None]
         zero = torch.zeros((), dtype=torch.float64, device=pred.device)
         sums = {"n": torch.full((), float(n), dtype=torch.float64, device=pred.device), "feature": zero,
-                "token": token_loss.detach().double() * n, "top1": hits[:, 0].sum().double(),
-                "topk": hits.any(-1).sum().double()}
-    return LossOutput(token_loss, zero, token_loss.detach(), sums)
+                "token": token_loss.detach().double() * n, "accept": accept.detach()[keep].sum().double(),
+                "top1": hits[:, 0].sum().double(), "topk": hits.any(-1).sum().double()}
+    return LossOutput(loss, zero, token_loss.detach(), sums)
 
 
 def summarize(sums: dict[str, torch.Tensor], topk: int = 3) -> dict[str, float]:
-    """Means from summed statistics: feature_loss, token_loss, top1, top{k}."""
+    """Means from summed statistics: feature_loss, token_loss, accept, top1, top{k}."""
     n = float(sums["n"])
     if n == 0:
         return {}
     return {
         "feature_loss": float(sums["feature"]) / n,
         "token_loss": float(sums["token"]) / n,
+        "accept": float(sums["accept"]) / n,
         "top1": float(sums["top1"]) / n,
         f"top{topk}": float(sums["topk"]) / n,
     }

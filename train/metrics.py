@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-STAT_KEYS = ("n", "feature", "token", "top1", "topk", "pairs")
+STAT_KEYS = ("n", "feature", "token", "accept", "top1", "topk", "pairs")
 
 
 def zeros(device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:

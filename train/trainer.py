@@ -156,8 +156,8 @@ class Trainer:
         if not self.eagle3:
             lm_head = self.frozen.lm_head if full_vocab else self.loss_lm_head
             dist = vocab_target(p.target, p.mask, lm_head, None, None)  # the passes share the target's side
-            return [eagle_loss(pred, p.target, p.mask, lm_head, t.v_w, t.p_w, t.topk, step=i, dist=dist)
-                    for i, pred in enumerate(preds)]
+            return [eagle_loss(pred, p.target, p.mask, lm_head, t.v_w, t.p_w, t.topk, step=i, dist=dist,
+                               objective=t.token_loss) for i, pred in enumerate(preds)]
         ids, member = self.loss_vocab or (None, None)
         target = vocab_target(p.target, p.mask, self.frozen.lm_head, ids, member)
         head = head or self.engine
@@ -165,7 +165,8 @@ class Trainer:
         def logits_of(states):  # [N, H] -> [N, Vd]
             return head(states, logits_only=True)
 
-        return [eagle3_loss(logits_of, pred, p.mask, target, i, ids, t.topk) for i, pred in enumerate(preds)]
+        return [eagle3_loss(logits_of, pred, p.mask, target, i, ids, t.topk, t.token_loss)
+                for i, pred in enumerate(preds)]
 
     def micro_step(self, batch: Batch, micro: int) -> LossOutput:
         """Forward, loss and backward of one micro-batch; the engine steps at accumulation boundaries."""
