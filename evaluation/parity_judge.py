@@ -4,7 +4,7 @@
     scores = judge.score(head_dir)   # {"chain3_tau", "chain3_accept": [α1, α2, α3], "tree_tau", ...}
     scores = cached_scores(path, {name: head_dir}, settings, make_judge)   # judged once per name and settings
 
-Our decoder, greedy: a chain of 3 drafted tokens (vLLM's `num_speculative_tokens=3`; per-position
+Our decoder, greedy (or sampled at `temperature`, seeded per prompt): a chain of 3 drafted tokens (vLLM's `num_speculative_tokens=3`; per-position
 acceptance = share of steps whose draft was accepted at least that deep) and the EAGLE-2 dynamic
 tree the trainer's judge uses (train/judge.py). vLLM (evaluation/serving.py `run_vllm`): its own
 acceptance counters on the same prompt token ids, for heads vLLM serves (not an EAGLE-1/2 head with
@@ -39,9 +39,12 @@ class ParityJudge:
     """One target, one prompt list; `score` decodes a head with both judges."""
 
     def __init__(self, target_dir: Path, prompts: str, num_prompts: int, max_new_tokens: int,
-                 dtype: torch.dtype, spec_tokens: int = 3, vllm: bool = True, ours: bool = True):
-        """vllm / ours: judge with vLLM's counters / with our decoder (eager, so slower on long runs)."""
+                 dtype: torch.dtype, spec_tokens: int = 3, vllm: bool = True, ours: bool = True,
+                 temperature: float = 0.0):
+        """vllm / ours: judge with vLLM's counters / with our decoder (eager, so slower on long runs);
+        temperature: 0 greedy, else both judges sample (the acceptance of speculative sampling)."""
         self.target_dir, self.max_new_tokens, self.dtype = target_dir, max_new_tokens, dtype
+        self.temperature = temperature
         self.spec_tokens, self.vllm, self.ours = spec_tokens, vllm, ours
         self.tokenizer = load_tokenizer(target_dir)
         self.prompts = encode_prompts(self.tokenizer, held_back_prompts(prompts, num_prompts))
@@ -60,8 +63,9 @@ class ParityJudge:
         """τ and acceptance by depth of our decoder (eager: acceptance does not depend on compiling)."""
         model = EaModel(self.target, head, self.tokenizer, settings, compile=False)
         pooled, start = GenerationStats(name), time.perf_counter()  # every prompt's steps together
-        for ids in self.prompts:
-            model.eagenerate(ids, temperature=0.0, max_new_tokens=self.max_new_tokens)
+        for i, ids in enumerate(self.prompts):
+            torch.manual_seed(i)  # sampled: the same draws for every head
+            model.eagenerate(ids, temperature=self.temperature, max_new_tokens=self.max_new_tokens)
             stats = model.last_stats
             pooled.accept_lengths += stats.accept_lengths
             pooled.new_tokens, pooled.steps = pooled.new_tokens + stats.new_tokens, pooled.steps + stats.steps
@@ -80,7 +84,7 @@ class ParityJudge:
         dtype = str(self.dtype).removeprefix("torch.")
         try:
             got = run_vllm(self.target_dir, self.prompts, self.max_new_tokens, head_dir, vllm_method(head_dir),
-                           self.spec_tokens, dtype)
+                           self.spec_tokens, dtype, self.temperature)
         except ConsumerMissing as e:
             return {"vllm_skipped": str(e)}
         drafts = max(got["drafts"], 1)
@@ -95,10 +99,13 @@ def judge_settings(spec_tokens: int) -> dict[str, TreeSettings]:
     return {"chain3": TreeSettings(tree=chain_choices(spec_tokens), lookup=0), "tree": TREES["tree"]}
 
 
-def scores_key(prompts: str, num_prompts: int, max_new_tokens: int, dtype: str, vllm: bool, ours: bool) -> str:
-    """The settings part of a cached score's key (cached_scores): prompts, sizes, dtype and the judges that ran."""
+def scores_key(prompts: str, num_prompts: int, max_new_tokens: int, dtype: str, vllm: bool, ours: bool,
+               temperature: float = 0.0) -> str:
+    """The settings part of a cached score's key (cached_scores): prompts, sizes, dtype, the judges that ran
+    and, when sampled, the temperature."""
     judges = "+".join(name for name, on in (("vllm", vllm), ("ours", ours)) if on)
-    return f"{prompts}-{num_prompts}x{max_new_tokens}-{dtype}-{judges}"
+    sampled = f"-t{temperature:g}" if temperature else ""
+    return f"{prompts}-{num_prompts}x{max_new_tokens}-{dtype}-{judges}{sampled}"
 
 
 def cached_scores(path: Path, heads: dict[str, Path], settings: str, make_judge: Callable[[], ParityJudge]

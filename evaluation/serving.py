@@ -43,12 +43,13 @@ class ConsumerMissing(RuntimeError):
 
 
 def run_vllm(target: Path, prompts: list[torch.Tensor], max_tokens: int, head: Path | None = None,
-             method: str | None = None, spec_tokens: int = 3, dtype: str = "float32") -> dict:
-    """vLLM's greedy outputs for prompts [1, S_i], one at a time, and its speculative counters summed."""
+             method: str | None = None, spec_tokens: int = 3, dtype: str = "float32", temperature: float = 0.0) -> dict:
+    """vLLM's outputs (greedy at temperature 0) for prompts [1, S_i], one at a time, and its speculative
+    counters summed."""
     if not VLLM_PYTHON.exists():
         raise ConsumerMissing(f"{VLLM_PYTHON} missing: run `bash scripts/setup_consumers.sh vllm`")
     engine = VllmEngine(target, head, method, getattr(torch, dtype), torch.get_num_threads(), eager=True,
-                        spec_tokens=spec_tokens)
+                        spec_tokens=spec_tokens, temperature=temperature)
     try:
         outputs, accepts, start = [], [], time.perf_counter()
         for i, ids in enumerate(prompts, 1):

@@ -55,7 +55,7 @@ def main(config_json: str) -> None:
         if not line.strip():
             continue
         req = json.loads(line)
-        params = SamplingParams(temperature=0.0, max_tokens=int(req["max_tokens"]))
+        params = SamplingParams(temperature=float(cfg.get("temperature", 0.0)), max_tokens=int(req["max_tokens"]))
         before = counters(llm)
         t0 = time.perf_counter()
         result = llm.generate([TokensPrompt(prompt_token_ids=req["prompt"])], params, use_tqdm=False)[0]
