@@ -88,6 +88,12 @@ def test_the_shipped_recipe_chains_its_stages():
             assert after.data.offset >= max(s.data.offset + s.data.limit for s in new_slices), name
             assert after.store_dir not in stores, name
             new_slices.append(after)
+    # one schedule of three epochs over every slice of the target's replies, from the last stage's head
+    regen4 = composed("smollm2_eagle3_regen4")
+    assert regen4.train.init_head == f"{stages[-1].output_dir}/head" and regen4.train.epochs == 3
+    regenerated = sorted({s.store_dir for s in stages if s.data.regenerate})
+    assert list(regen4.data.source) == [f"{d}/regenerated/chunk-*.jsonl" for d in regenerated]
+    assert regen4.train.draft_vocab == stages[-1].train.draft_vocab and regen4.train.export_epochs
     # EAGLE-2's stage 4: the shipped head on conversations past stage 3's, from EAGLE-3's store of that slice
     eagle2 = composed("smollm2_eagle2_slice4")
     assert eagle2.train.init_head == "checkpoints/eagle-smollm2-135m-instruct" and eagle2.train.keep_init_vocab
