@@ -74,6 +74,7 @@ class LossOutput:
 
 
 TOKEN_LOSSES = ("ce", "lk")
+SUM_KEYS = ("n", "feature", "token", "accept", "top1", "topk")  # LossOutput.sums
 
 
 def token_terms(probs: torch.Tensor, logp: torch.Tensor, objective: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -178,8 +179,7 @@ def _no_pairs(pred: torch.Tensor, *scored: torch.Tensor) -> LossOutput:
     """The loss of a batch without masked pairs: 0, still differentiable (through `pred` and what was
     `scored` of it), zero sums."""
     zero = sum((t.sum() for t in scored), pred.sum()) * 0.0
-    sums = {k: torch.zeros((), dtype=torch.float64, device=pred.device)
-            for k in ("n", "feature", "token", "accept", "top1", "topk")}
+    sums = {k: torch.zeros((), dtype=torch.float64, device=pred.device) for k in SUM_KEYS}
     return LossOutput(zero, zero.detach(), zero.detach(), sums)
 
 

@@ -9,7 +9,9 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-STAT_KEYS = ("n", "feature", "token", "accept", "top1", "topk", "pairs")
+from train.loss import SUM_KEYS
+
+STAT_KEYS = (*SUM_KEYS, "pairs")
 
 
 def zeros(device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:

@@ -210,8 +210,7 @@ class Trainer:
                 train_metrics = self._log_window(window, now - window_start, bar, tracker)
                 window, window_start = stats.zeros(self.device), time.perf_counter()
             if self.step < self.total_steps:
-                self._evaluate_due(tracker)
-                self._export_epoch_due(train_metrics, tracker)  # before the save: a kill in it redoes it
+                self._evaluate_due(tracker, train_metrics)  # before the save: a kill in an epoch's export redoes it
             if t.save_every and self.step % t.save_every == 0:
                 self.save()
             if t.stop_after and self.step >= t.stop_after and self.step < self.total_steps:
@@ -231,28 +230,22 @@ class Trainer:
         tracker.finish({f"eval/{k}": v for k, v in eval_metrics.items()})
         return FitResult(self.step, False, train_metrics, eval_metrics, head_dir, self.tau_history)
 
-    def _evaluate_due(self, tracker: Tracker) -> None:
-        """Held-out metrics and/or τ when this step is a multiple of eval_every / tau_every: one log line."""
+    def _evaluate_due(self, tracker: Tracker, train_metrics: dict) -> None:
+        """Held-out metrics and/or τ when this step is a multiple of eval_every / tau_every: one log line.
+        With train.export_epochs, at the end of every epoch but the last both, and a head with them in
+        output_dir/epochs/epochN, so τ per epoch can be judged afterwards
+        (by vLLM: python -m evaluation.acceptance --heads e1=RUN/epochs/epoch1/head,...)."""
         t = self.cfg.train
+        epoch_end = t.export_epochs and self.step % self.steps_per_epoch == 0
         metrics: dict[str, float] = {}
-        if t.eval_every and self.step % t.eval_every == 0:
+        if epoch_end or (t.eval_every and self.step % t.eval_every == 0):
             metrics.update(self.evaluate())
-        if self.judging and self.step % t.tau_every == 0:
+        if self.judging and (epoch_end or self.step % t.tau_every == 0):
             metrics.update(self.acceptance())
         if metrics:
             self._log_eval(tracker, metrics)
-
-    def _export_epoch_due(self, train_metrics: dict, tracker: Tracker) -> None:
-        """With train.export_epochs, at the end of every epoch but the last: held-out metrics (and τ
-        when judging) and a head in output_dir/epochs/epochN, so τ per epoch can be judged afterwards
-        (by vLLM: python -m evaluation.acceptance --heads e1=RUN/epochs/epoch1/head,...)."""
-        if not self.cfg.train.export_epochs or self.step % self.steps_per_epoch:
-            return
-        metrics = self.evaluate()
-        if self.judging:
-            metrics.update(self.acceptance())
-        self._log_eval(tracker, metrics)
-        self.export(train_metrics, metrics, self.output_dir / EPOCHS / f"epoch{self.step // self.steps_per_epoch}")
+        if epoch_end:
+            self.export(train_metrics, metrics, self.output_dir / EPOCHS / f"epoch{self.step // self.steps_per_epoch}")
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
