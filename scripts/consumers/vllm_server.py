@@ -6,7 +6,8 @@
 Prints `{"ready": true, "startup_seconds": s, "vllm": VERSION}` once the engine is built, then for
 every request line `{"prompt": [ids], "max_tokens": N}` one line
 `{"tokens": [...], "seconds": s, "drafts": d, "accepted": a, "accepted_per_position": [...]}`:
-greedy, batch size 1, timed around `LLM.generate` alone; the counters are this request's.
+greedy or sampled (`temperature`, seed 0), batch size 1, timed around `LLM.generate` alone; the counters
+are this request's.
 Threads: set VLLM_CPU_OMP_THREADS_BIND (e.g. "0" or "0-1") in the environment.
 """
 
@@ -40,6 +41,9 @@ def main(config_json: str) -> None:
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm_cpu_expand import install
+
+    install()  # sampling (temperature > 0) needs it in this process and in those vLLM spawns
 
     cfg = json.loads(config_json)
     spec = None
@@ -68,5 +72,9 @@ def main(config_json: str) -> None:
                           "accepted_per_position": per_pos}), file=out, flush=True)
 
 
-if __name__ == "__main__":  # vLLM starts worker processes that import this file again
+if __name__ == "__main__":
     main(sys.argv[1])
+elif __name__ == "__mp_main__":  # a process vLLM spawned (engine core, workers): it imports this file again
+    from vllm_cpu_expand import install
+
+    install()
