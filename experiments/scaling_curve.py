@@ -10,7 +10,8 @@ of every folder is one point: its trainer, the tokens it trained on (`run.json`)
 draws τ against tokens on a log axis, one panel per judge, one line per trainer and data (the store's).
 An OUT_DIR may also be an `evaluation.acceptance` output (`--out`): each head it judged that keeps
 a `training.json` (train/stages.py) is a point of the line "ARCH in stages (JUDGE)", at the distinct
-tokens of its stages (a stage over data an earlier stage saw adds none) and the sum of their steps,
+tokens of its stages (a stage over data an earlier stage saw adds none, as does a store gathered from earlier
+stages' stores) and the sum of their steps,
 so a head trained slice by slice across sessions draws its own curve.
 `--record FILE` keeps the points in git (the run outputs stay out of it): the file's points are
 read, a folder's points replace the recorded ones of the same folder, trainer, tokens and steps, and the
@@ -114,10 +115,30 @@ def staged_points(out: Path, scores: dict) -> list[Point]:
         arch = json.loads((Path(head) / "config.json").read_text()).get("architecture", "head")
         seen = {}  # data -> tokens, in stage order: a later pass over the same data adds no tokens
         for stage in stages:
-            seen.setdefault(stage.data, stage.tokens)
+            if not rereads(stage.data, seen):
+                seen.setdefault(stage.data, stage.tokens)
         found.append(Point(f"{arch} in stages ({judge})", stages[0].data.split(" (")[0], sum(seen.values()),
                            sum(s.steps for s in stages), {k: judged.get(k) for k in JUDGES}, out))
     return found
+
+
+def store_of(data: str) -> Path | None:
+    """The store folder a stage's data names ("NAME (FOLDER)"), ~ expanded; None without one."""
+    if not data.endswith(")") or " (" not in data:
+        return None
+    return Path(data[data.index(" (") + 2:-1]).expanduser()
+
+
+def rereads(data: str, seen: dict) -> bool:
+    """Is this stage's store built only from files inside stores of earlier stages (e.g. their `regenerated/`
+    replies gathered into one store)? Then its tokens are not new. Read from the store's manifest where it exists."""
+    from data_prep.store import read_manifest
+
+    folder = store_of(data)
+    manifest = read_manifest(folder) if folder and folder.is_dir() else None
+    files = [f.strip() for f in str(((manifest or {}).get("source") or {}).get("data", "")).split(",") if f.strip()]
+    earlier = [d for d in (store_of(s) for s in seen) if d]
+    return bool(files) and all(any(Path(f).expanduser().is_relative_to(d) for d in earlier) for f in files)
 
 
 def table(found: list[Point]) -> str:

@@ -87,3 +87,19 @@ def test_an_acceptance_output_adds_each_staged_head_at_its_distinct_tokens(tmp_p
     assert [(p.trainer, p.data, p.tokens, p.steps, p.scores["vllm_tau"]) for p in found] == [
         (f"eagle3 in stages ({judge})", "sharegpt_packaged", 1_300_000, 590, 1.55),
         (f"eagle3 in stages ({judge})", "sharegpt_packaged", 1_300_000, 720, 1.6)]
+
+
+def test_a_store_gathered_from_earlier_stores_adds_no_tokens(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    stores = tmp_path / "stores"
+    gathered = stores / "regen2"
+    gathered.mkdir(parents=True)
+    (gathered / "manifest.json").write_text(json.dumps({"source": {"data": ", ".join(
+        f"{stores}/{name}/regenerated/chunk-00000.jsonl" for name in ("first", "second"))}}))
+    head = staged_head(tmp_path / "head", [("first", 500_000, 400), ("second", 800_000, 190), ("regen2", 1_300_000, 300)])
+    judge = "mtbench-80x256-bfloat16-vllm"
+    out = tmp_path / "acceptance"
+    out.mkdir()
+    (out / "scores.json").write_text(json.dumps({f"{head}|{judge}": {"vllm_tau": 1.7}}))
+    (found,) = scaling_curve.points([out])
+    assert (found.tokens, found.steps) == (1_300_000, 890)
