@@ -26,6 +26,7 @@ import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from data_prep.store import read_manifest
 from train.stages import STAGES_FILE, read_stages
 
 JUDGES = {"vllm_tau": "vLLM k=3", "chain3_tau": "ours, chain 3", "tree_tau": "ours, tree"}
@@ -132,8 +133,6 @@ def store_of(data: str) -> Path | None:
 def rereads(data: str, seen: dict) -> bool:
     """Is this stage's store built only from files inside stores of earlier stages (e.g. their `regenerated/`
     replies gathered into one store)? Then its tokens are not new. Read from the store's manifest where it exists."""
-    from data_prep.store import read_manifest
-
     folder = store_of(data)
     manifest = read_manifest(folder) if folder and folder.is_dir() else None
     files = [f.strip() for f in str(((manifest or {}).get("source") or {}).get("data", "")).split(",") if f.strip()]
