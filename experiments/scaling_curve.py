@@ -134,7 +134,7 @@ def rereads(data: str, seen: dict) -> bool:
     """Is this stage's store built only from files inside stores of earlier stages (e.g. their `regenerated/`
     replies gathered into one store)? Then its tokens are not new. Read from the store's manifest where it exists."""
     folder = store_of(data)
-    manifest = read_manifest(folder) if folder and folder.is_dir() else None
+    manifest = read_manifest(folder) if folder else None  # None where the store is not on this disk
     files = [f.strip() for f in str(((manifest or {}).get("source") or {}).get("data", "")).split(",") if f.strip()]
     earlier = [d for d in (store_of(s) for s in seen) if d]
     return bool(files) and all(any(Path(f).expanduser().is_relative_to(d) for d in earlier) for f in files)

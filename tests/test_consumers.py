@@ -99,8 +99,7 @@ sys.path.insert(0, sys.argv[1])
 from vllm.platforms import current_platform
 from vllm.v1.sample.rejection_sampler import expand_batch_to_tokens
 import vllm_cpu_expand
-if sys.argv[2] == "fixed":
-    vllm_cpu_expand.install()
+vllm_cpu_expand.install()
 current_platform.register_triton_kernel_overrides()  # what vLLM's worker does at start
 temperature = torch.tensor([0.7, 0.0, 1.3])  # per request; 0 (greedy) stands for 1 in the sampler
 print(expand_batch_to_tokens(temperature, torch.tensor([2, 3, 6], dtype=torch.int32), 6, 0, 1).tolist())
@@ -112,9 +111,9 @@ def test_vllm_cpu_expands_sampling_temperatures_per_draft_token():
 
     need(VLLM_PYTHON, "vllm")
     scripts = str(ROOT / "scripts" / "consumers")
-    fixed = subprocess.run([str(VLLM_PYTHON), "-c", EXPAND_CHECK, scripts, "fixed"], capture_output=True, text=True,
-                           check=True).stdout.strip().splitlines()[-1]
-    assert json.loads(fixed) == pytest.approx([0.7, 0.7, 1.0, 1.3, 1.3, 1.3])
+    expanded = subprocess.run([str(VLLM_PYTHON), "-c", EXPAND_CHECK, scripts], capture_output=True, text=True,
+                              check=True).stdout.strip().splitlines()[-1]
+    assert json.loads(expanded) == pytest.approx([0.7, 0.7, 1.0, 1.3, 1.3, 1.3])
 
 
 def test_vllm_accept_lengths_rebuild_steps_from_per_position_counts():
