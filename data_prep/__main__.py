@@ -6,17 +6,18 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from data_prep.conversations import DataError
-from data_prep.data_config import prep_config
-from eagle.common import distributed
-from eagle.common.locks import Busy
-from data_prep.pipeline import prepare
-from data_prep.plan import store_plan
 from data_prep.resolvers import register_resolvers
 
 
 @hydra.main(version_base=None, config_path="../conf", config_name="config")
 def main(cfg: DictConfig) -> None:
+    from data_prep.conversations import DataError
+    from data_prep.data_config import prep_config
+    from data_prep.pipeline import prepare
+    from data_prep.plan import store_plan
+    from eagle.common import distributed
+    from eagle.common.locks import Busy
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         prep = prep_config(cfg)  # the one conversion of this job's config
@@ -31,6 +32,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from eagle.common.allocator import use_fast_allocator
+
+    use_fast_allocator()  # re-executes once with mimalloc preloaded (eagle/common/allocator.py)
     from data_prep.presets import ignored_key, unknown_model
 
     if message := unknown_model(sys.argv[1:]) or ignored_key(sys.argv[1:]):

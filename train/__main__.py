@@ -38,6 +38,9 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from eagle.common.allocator import use_fast_allocator
+
+    use_fast_allocator()  # re-executes once with mimalloc preloaded (eagle/common/allocator.py)
     from data_prep.presets import unknown_model
 
     if message := unknown_model(sys.argv[1:]):
