@@ -88,6 +88,28 @@ def test_the_lk_gradient_is_the_acceptance_gradient_over_alpha():
     assert torch.allclose(z.grad, expected, atol=1e-6)
 
 
+@pytest.mark.parametrize("objective", ["ce", "lk"])
+def test_a_pass_without_metrics_has_the_same_loss_and_gradient(objective):
+    """The trainer scores metrics on the first pass only; the others must train exactly as before."""
+    torch.manual_seed(6)
+    mask = torch.tensor([[True, True, False, True, True]])
+    lm_head, target = torch.randn(11, 4), torch.randn(1, 5, 4)
+    dist = vocab_target(target, mask, lm_head, None, None)
+    for loss_of in (lambda pred, m: eagle_loss(pred, target, mask, lm_head, step=1, dist=dist, objective=objective,
+                                               metrics=m),
+                    lambda pred, m: eagle3_loss(lambda s: s @ lm_head.T, pred, mask, dist, step=1, objective=objective,
+                                                metrics=m)):
+        runs = []
+        for metrics in (True, False):
+            pred = torch.randn(1, 5, 4, generator=torch.Generator().manual_seed(7)).requires_grad_()
+            out = loss_of(pred, metrics)
+            out.loss.backward()
+            runs.append((out, pred.grad))
+        (full, full_grad), (bare, bare_grad) = runs
+        assert torch.equal(full.loss, bare.loss) and torch.equal(full_grad, bare_grad)
+        assert float(full.sums["n"]) == 3 and all(float(v) == 0 for v in bare.sums.values())
+
+
 def vocab_target_of(probs: torch.Tensor):
     """A VocabTarget with these target probabilities [N, V] (whole vocabulary, argmax in it)."""
     from train.loss import VocabTarget

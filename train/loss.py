@@ -77,17 +77,21 @@ TOKEN_LOSSES = ("ce", "lk")
 SUM_KEYS = ("n", "feature", "token", "accept", "top1", "topk")  # LossOutput.sums
 
 
-def token_terms(probs: torch.Tensor, logp: torch.Tensor, objective: str) -> tuple[torch.Tensor, torch.Tensor]:
+def token_terms(probs: torch.Tensor, logp: torch.Tensor, objective: str,
+                metrics: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per row, from the target's probabilities p and the draft's log-probabilities log q ([N, V] each):
     the cross-entropy -Σ p log q and the acceptance α = Σ min(p, q) ([N] each); α carries a gradient
-    only when the objective needs it (`ce` keeps no second [N, V] tensor for the backward)."""
+    only when the objective needs it (`ce` keeps no second [N, V] tensor for the backward), and is
+    None when neither the objective nor the `metrics` need it."""
     ce = -(probs * logp).sum(-1)
+    if objective == "ce" and not metrics:
+        return ce, None
     with torch.set_grad_enabled(torch.is_grad_enabled() and objective != "ce"):
         accept = torch.minimum(probs, logp.exp()).sum(-1)
     return ce, accept
 
 
-def token_objective(kind: str, ce: torch.Tensor, accept: torch.Tensor) -> torch.Tensor:
+def token_objective(kind: str, ce: torch.Tensor, accept: torch.Tensor | None) -> torch.Tensor:
     """The per-row token loss [N] to minimize: `ce`, or `lk` = -log α (its gradient is TV's scaled by
     1/α, so rows the draft misses still pull; α is floored at 1e-6)."""
     if kind == "ce":
@@ -129,10 +133,13 @@ def eagle_loss(
     step: int = 0,
     dist: VocabTarget | None = None,
     objective: str = "ce",
+    metrics: bool = True,
 ) -> LossOutput:
     """EAGLE's loss over the masked pairs of unrolled pass `step` (see pass_mask). `dist`: the
     target's distribution over `mask`'s rows (vocab_target), computed once and shared by the
-    passes; None computes it here. With no pair the loss is 0 (still differentiable).
+    passes; None computes it here. With no pair the loss is 0 (still differentiable). Without
+    `metrics` the sums are zeros: the trainer reports the first pass's only, and α and top-k over
+    [N, V] are a pass's largest costs after its loss.
 
     Every masked row is scored and the pass's rows are weighed in (`keep`), so the backward keeps
     `dist.probs` itself rather than a per-pass copy of its rows."""
@@ -149,11 +156,13 @@ def eagle_loss(
     dist = dist or vocab_target(target, mask, lm, None, None)
     draft_logits = pred_m @ lm.T  # [N, V]
     draft_logp = torch.log_softmax(draft_logits.float(), dim=-1)
-    ce, accept = token_terms(dist.probs, draft_logp, objective)  # [N] each
+    ce, accept = token_terms(dist.probs, draft_logp, objective, metrics)  # [N] each
     token_loss = (ce * weight).sum()
     loss = v_w * feature_loss + p_w * (token_objective(objective, ce, accept) * weight).sum()
+    if not metrics:
+        return LossOutput(loss, feature_loss.detach(), token_loss.detach(), _zero_sums(pred.device))
     with torch.no_grad():
-        draft_top = draft_logits[keep].topk(min(topk, draft_logits.shape[-1]), dim=-1).indices  # [n, k]
+        draft_top = draft_logits.topk(min(topk, draft_logits.shape[-1]), dim=-1).indices[keep]  # [n, k]
         hits = draft_top == dist.top[keep][:, None]
         sums = {
             "n": torch.full((), float(n), dtype=torch.float64, device=pred.device),
@@ -179,12 +188,16 @@ def _no_pairs(pred: torch.Tensor, *scored: torch.Tensor) -> LossOutput:
     """The loss of a batch without masked pairs: 0, still differentiable (through `pred` and what was
     `scored` of it), zero sums."""
     zero = sum((t.sum() for t in scored), pred.sum()) * 0.0
-    sums = {k: torch.zeros((), dtype=torch.float64, device=pred.device) for k in SUM_KEYS}
-    return LossOutput(zero, zero.detach(), zero.detach(), sums)
+    return LossOutput(zero, zero.detach(), zero.detach(), _zero_sums(pred.device))
+
+
+def _zero_sums(device: torch.device) -> dict[str, torch.Tensor]:
+    return {k: torch.zeros((), dtype=torch.float64, device=device) for k in SUM_KEYS}
 
 
 def eagle3_loss(logits_of, pred: torch.Tensor, mask: torch.Tensor, target: VocabTarget, step: int = 0,
-                draft_ids: torch.Tensor | None = None, topk: int = 3, objective: str = "ce") -> LossOutput:
+                draft_ids: torch.Tensor | None = None, topk: int = 3, objective: str = "ce",
+                metrics: bool = True) -> LossOutput:
     """EAGLE-3's token loss for the head states `pred` [B, S, H] of unrolled pass `step`.
 
     logits_of: head states [N, H] -> draft-vocabulary logits [N, Vd] (the head's norm + lm_head).
@@ -194,19 +207,23 @@ def eagle3_loss(logits_of, pred: torch.Tensor, mask: torch.Tensor, target: Vocab
 
     Every masked row is scored and the pass's rows are weighed in, so the backward keeps
     `target.probs` itself, not a per-pass copy of its rows; and `logits_of` runs once per pass on
-    every rank, even on one without pairs (a ZeRO-3 engine gathers its weights collectively)."""
+    every rank, even on one without pairs (a ZeRO-3 engine gathers its weights collectively).
+    Without `metrics` the sums are zeros (see eagle_loss)."""
     keep = pass_mask(mask, step)[mask]  # [N] rows with a whole draft chain behind them
     logp = torch.log_softmax(logits_of(pred[mask]).float(), dim=-1)  # [N, Vd]
     n = int(keep.sum())
     if n == 0:
         return _no_pairs(pred, logp)
     counted = keep & target.in_vocab  # [N]
-    ce, accept = token_terms(target.probs, logp, objective)  # [N] each
+    ce, accept = token_terms(target.probs, logp, objective, metrics)  # [N] each
     rows = counted.sum().clamp(min=1)
     token_loss = (ce * counted).sum() / rows
     loss = (token_objective(objective, ce, accept) * counted).sum() / rows
+    if not metrics:
+        return LossOutput(loss, torch.zeros((), dtype=torch.float64, device=pred.device), token_loss.detach(),
+                          _zero_sums(pred.device))
     with torch.no_grad():
-        draft_top = logp[keep].topk(min(topk, logp.shape[-1]), dim=-1).indices  # [n, k] draft ids
+        draft_top = logp.topk(min(topk, logp.shape[-1]), dim=-1).indices[keep]  # [n, k] draft ids
         if draft_ids is not None:
             draft_top = draft_ids[draft_top]
         hits = draft_top == target.top[keep][:, None]

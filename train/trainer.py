@@ -146,7 +146,8 @@ class Trainer:
         return make_pairs(batch.input_ids, batch.loss_mask, batch.hidden, batch.aux if self.eagle3 else None)
 
     def losses(self, preds: list[torch.Tensor], p: Pairs, full_vocab: bool = False, head=None) -> list[LossOutput]:
-        """One loss per unrolled pass (pass i skips the first i positions, which have no draft chain).
+        """One loss per unrolled pass (pass i skips the first i positions, which have no draft chain);
+        only the first pass's has metrics (sums), the pass `micro_step` reports.
 
         EAGLE-1/2: feature + token loss, the token term over the draft vocabulary's lm_head rows
         (full_vocab: over all rows, for honest held-out top-k). EAGLE-3: the token loss against
@@ -157,7 +158,7 @@ class Trainer:
             lm_head = self.frozen.lm_head if full_vocab else self.loss_lm_head
             dist = vocab_target(p.target, p.mask, lm_head, None, None)  # the passes share the target's side
             return [eagle_loss(pred, p.target, p.mask, lm_head, t.v_w, t.p_w, t.topk, step=i, dist=dist,
-                               objective=t.token_loss) for i, pred in enumerate(preds)]
+                               objective=t.token_loss, metrics=i == 0) for i, pred in enumerate(preds)]
         ids, member = self.loss_vocab or (None, None)
         target = vocab_target(p.target, p.mask, self.frozen.lm_head, ids, member)
         head = head or self.engine
@@ -165,7 +166,7 @@ class Trainer:
         def logits_of(states):  # [N, H] -> [N, Vd]
             return head(states, logits_only=True)
 
-        return [eagle3_loss(logits_of, pred, p.mask, target, i, ids, t.topk, t.token_loss)
+        return [eagle3_loss(logits_of, pred, p.mask, target, i, ids, t.topk, t.token_loss, metrics=i == 0)
                 for i, pred in enumerate(preds)]
 
     def micro_step(self, batch: Batch, micro: int) -> LossOutput:
