@@ -138,8 +138,8 @@ def eagle_loss(
     """EAGLE's loss over the masked pairs of unrolled pass `step` (see pass_mask). `dist`: the
     target's distribution over `mask`'s rows (vocab_target), computed once and shared by the
     passes; None computes it here. With no pair the loss is 0 (still differentiable). Without
-    `metrics` the sums are zeros: the trainer reports the first pass's only, and α and top-k over
-    [N, V] are a pass's largest costs after its loss.
+    `metrics` the sums are zeros and α and top-k over [N, V] are skipped: the trainer reports the first
+    pass's only.
 
     Every masked row is scored and the pass's rows are weighed in (`keep`), so the backward keeps
     `dist.probs` itself rather than a per-pass copy of its rows."""
