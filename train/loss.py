@@ -116,7 +116,7 @@ def vocab_target(target: torch.Tensor, mask: torch.Tensor, lm_head: torch.Tensor
     """From target features f_{t+1} [B, S, H], mask [B, S], the full lm_head [V, H], the draft
     vocabulary (target ids [Vd], None = all) and its membership [V] bool."""
     logits = target[mask].to(lm_head.dtype) @ lm_head.T  # [N, V]
-    top = logits.argmax(-1)
+    top = logits.max(-1).indices  # = argmax, first of ties; argmax over bf16 rows costs 5x on a CPU (torch 2.13)
     in_vocab = torch.ones_like(top, dtype=torch.bool) if in_draft is None else in_draft[top]
     restricted = logits if draft_ids is None else logits[:, draft_ids]  # [N, Vd]
     return VocabTarget(torch.softmax(restricted.float(), dim=-1), top, in_vocab)

@@ -65,7 +65,7 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
     """Next token(s) from logits [..., V] -> [...] long: argmax if greedy, else a draw from p."""
     if params.greedy:
-        return logits.argmax(dim=-1)
+        return logits.max(dim=-1).indices  # = argmax, first of ties; argmax over bf16 rows costs 5x on a CPU
     probs = target_probs(logits, params)
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])
