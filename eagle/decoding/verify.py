@@ -62,10 +62,16 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return process_logits(logits, params).softmax(dim=-1)
 
 
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """argmax over the last dimension (the first of ties), as `max`: torch 2.13's CPU argmax over bf16
+    rows is ~5x slower ([16, 49152]: 1.30 ms against 0.25)."""
+    return logits.max(dim=-1).indices
+
+
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None) -> torch.Tensor:
     """Next token(s) from logits [..., V] -> [...] long: argmax if greedy, else a draw from p."""
     if params.greedy:
-        return logits.max(dim=-1).indices  # = argmax, first of ties; argmax over bf16 rows costs 5x on a CPU
+        return greedy_ids(logits)
     probs = target_probs(logits, params)
     flat = probs.reshape(-1, probs.shape[-1])
     return torch.multinomial(flat, 1, generator=generator).reshape(probs.shape[:-1])

@@ -72,6 +72,7 @@ import torch
 
 from eagle.decoding.prompt_lookup import lookup_chain, matched_length
 from eagle.decoding.tree_drafter import draft_width
+from eagle.decoding.verify import greedy_ids
 from eagle.targets.tokenizer import chat_prompt
 from eagle.decoding.tree import Tree, build_tree, reindex_parents, select_nodes
 
@@ -316,7 +317,7 @@ def _calibration_step(model, state, sizes, depths, accepted) -> tuple[object, fl
     logits = model.verify(state, tree).logits
     verify = time.perf_counter() - start
     model.discard(state)  # the real step below verifies again
-    correct = _correct_candidates(tree, logits.argmax(-1).cpu(), kept, scores.numel())  # [M] bool
+    correct = _correct_candidates(tree, greedy_ids(logits).cpu(), kept, scores.numel())  # [M] bool
     depth = _depths(parents)  # [M]
     for d in depths:
         in_pool = (depth <= d).nonzero().flatten()
