@@ -10,11 +10,14 @@ computing them.
 from __future__ import annotations
 
 import time
+from itertools import groupby
+from typing import Hashable
 
 import torch
 from transformers import DynamicCache
 
 from data_prep.data_config import RegenConfig
+from data_prep.reply_requests import Request
 from eagle.decoding.verify import SamplingParams, sample
 from eagle.targets.tokenizer import eos_token_ids
 
@@ -30,6 +33,21 @@ class BatchedDecoding:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.batch_size = int(regen.batch_size)
         self.tokens, self.seconds = 0, 0.0
+        self.pending: list[tuple[Request, RegenConfig]] = []
+
+    def submit(self, requests: list[Request], settings: RegenConfig) -> None:
+        self.pending += [(r, settings) for r in requests]
+
+    def finished(self) -> list[tuple[Hashable, str]]:
+        """Every request submitted since the last call, answered now: shortest prompts first, in batches of
+        `batch_size` (of similar lengths), sampled from the first request's seed."""
+        pending, self.pending = self.pending, []
+        out = []
+        for settings, run in groupby(pending, key=lambda p: p[1]):  # the submits' settings in turn
+            requests = sorted((r for r, _ in run), key=lambda r: len(r.prompt))
+            texts = self.generate([r.prompt for r in requests], requests[0].seed, settings)
+            out += [(r.key, text) for r, text in zip(requests, texts)]
+        return out
 
     def generate(self, prompts: list[list[int]], seed: int, settings: RegenConfig) -> list[str]:
         """One reply per prompt, in batches of `batch_size` taken in the given order."""

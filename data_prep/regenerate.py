@@ -2,9 +2,10 @@
 
 A draft head learns the target's distribution best from text the target wrote. Each
 conversation keeps its user turns; turn by turn, the target answers the preceding turns
-(its own earlier answers included), all conversations of a chunk at once through the reply
-engine of `data.regen.engine` (vLLM, an OpenAI-compatible server, or our batched decoding:
-data_prep/reply_engines.py). Results are saved as JSONL
+(its own earlier answers included) through the reply engine of `data.regen.engine` (vLLM, an
+OpenAI-compatible server, or our batched decoding: data_prep/reply_engines.py). Up to
+`data.regen.concurrency` conversations are in flight, and each sends its next turn as soon as
+its last is answered, so the engine never waits for a turn's slowest reply. Results are saved as JSONL
 chunks next to the store (`regenerated/chunk-NNNNN.jsonl`, written whole then renamed), so
 an interrupted run resumes by chunk, and several ranks split the chunks; at its start a rank
 removes the temporary chunk files a killed run left for its chunks (data_prep/stale_files.py).
@@ -15,13 +16,16 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 
 from tqdm import tqdm
 
 from data_prep.conversations import Conversation
 from data_prep.data_config import PrepConfig, RegenConfig
-from data_prep.reply_engines import ReplyEngine, open_engine
+from data_prep.reply_engines import open_engine
+from data_prep.reply_requests import ReplyEngine, Request, generate
 from data_prep.stale_files import remove_stale
 from data_prep.store import tmp_path
 from eagle.common import distributed
@@ -43,9 +47,8 @@ def regenerate(prep: PrepConfig, target_dir: Path, tokenizer, conversations: lis
         engine = open_engine(prep.data.regen, target_dir, prep.model.dtype, tokenizer, prep.model.max_len)
         generator = ReplyGenerator(engine, tokenizer, prep.data.regen, prep.model.max_len)
         try:
-            for k in todo:
-                generator.seed = (prep.seed + k) * CHUNK_SEEDS
-                chunk = generator.conversations(conversations[k * size:(k + 1) * size])
+            chunks = {k: conversations[k * size:(k + 1) * size] for k in todo}
+            for k, chunk in generator.chunks(chunks, {k: (prep.seed + k) * CHUNK_SEEDS for k in todo}):
                 _write_chunk(_chunk_path(out, k), chunk)
                 log.info("regenerated chunk %d: %d reply tokens so far at %.1f tokens/s (%s)", k, generator.tokens,
                          generator.tokens_per_s, engine.name)
@@ -56,9 +59,8 @@ def regenerate(prep: PrepConfig, target_dir: Path, tokenizer, conversations: lis
 
 
 class ReplyGenerator:
-    """The turns of many conversations answered one turn at a time, each turn's prompts through `engine`
-    (data_prep/reply_engines.py) at once; `seed` advances by the prompts sent, so a chunk's replies
-    depend only on the seed it starts from."""
+    """Replies of the target through `engine` (data_prep/reply_engines.py): whole conversations turn by turn
+    (`chunks`), or one reply per prompt (`replies`), whose seeds start at `seed` and advance by the prompts sent."""
 
     def __init__(self, engine: ReplyEngine, tokenizer, regen: RegenConfig, max_len: int, seed: int = 0):
         self.engine, self.tokenizer, self.regen, self.max_len, self.seed = engine, tokenizer, regen, max_len, seed
@@ -71,56 +73,131 @@ class ReplyGenerator:
     def tokens_per_s(self) -> float:
         return self.engine.tokens / self.engine.seconds if self.engine.seconds else 0.0
 
-    def conversations(self, chunk: list[Conversation]) -> list[Conversation]:
-        """Regenerate every assistant turn of `chunk` (up to regen.max_turns per conversation)."""
-        users = [[m for m in c.messages if m["role"] == "user"][: self.regen.max_turns] for c in chunk]
-        system = [[m for m in c.messages[:1] if m["role"] == "system"] for c in chunk]
-        done = [list(s) for s in system]
-        active = list(range(len(chunk)))
-        bar = tqdm(total=sum(len(u) for u in users), unit="turn", desc=f"regenerate ({self.engine.name})",
-                   dynamic_ncols=True, leave=False)
-        for turn in range(max((len(u) for u in users), default=0)):
-            active = [i for i in active if turn < len(users[i])]
-            prompts = {i: done[i] + [users[i][turn]] for i in active}
-            replies = self.replies(prompts, bar)
-            active = [i for i in active if i in replies]  # too long to continue: stop that conversation
-            for i in active:
-                done[i] += [users[i][turn], {"role": "assistant", "content": replies[i]}]
+    def chunks(self, chunks: dict[int, list[Conversation]], seeds: dict[int, int]
+               ) -> Iterator[tuple[int, list[Conversation]]]:
+        """Every assistant turn of the chunks (up to regen.max_turns per conversation) answered anew; each chunk
+        is yielded, in input order without the conversations left with no reply, once all of its conversations
+        are done. Up to regen.concurrency conversations are in flight, taken in chunk order, and a
+        conversation's next turn goes to the engine as soon as its last is answered: the engine's batch
+        stays full across turns and chunks. Turn t of conversation i of chunk k samples with
+        seeds[k] + i * max_turns + t, whatever the engine's order."""
+        talks = Conversations(chunks, int(self.regen.max_turns))
+        waiting = deque(talks.keys())
+        bar = tqdm(total=talks.turns, unit="turn", desc=f"regenerate ({self.engine.name})", dynamic_ncols=True,
+                   leave=False)
+        in_flight = 0
+        while waiting or in_flight:
+            ready = []  # conversations with a turn to send
+            while waiting and in_flight + len(ready) < int(self.regen.concurrency):
+                ready.append(waiting.popleft())
+            if in_flight:
+                for key, text in self.engine.finished():
+                    talks.answer(key, text)
+                    ready.append(key)
+                    in_flight -= 1
+                    bar.update(1)
+            requests = []
+            for key in ready:
+                request = self._next_turn(talks, key, seeds[key[0]])
+                if request is not None:
+                    requests.append(request)
+                    continue
+                bar.update(talks.unanswered(key))  # ended, or too long to continue
+                if talks.end(key):
+                    yield key[0], talks.pop_chunk(key[0])
+            self.engine.submit(requests, self.regen)
+            in_flight += len(requests)
+            bar.set_postfix(tok_s=f"{self.tokens_per_s:.0f}")
         bar.close()
-        return [Conversation(c.index, c.id, d) for c, d in zip(chunk, done) if any(m["role"] == "assistant" for m in d)]
+
+    def _next_turn(self, talks: Conversations, key: tuple[int, int], seed: int) -> Request | None:
+        """The request of conversation `key`'s next user turn, or None when it has no more or its rendering
+        would not fit in max_len."""
+        messages, turn = talks.next_prompt(key)
+        if messages is None:
+            return None
+        ids = self._encode(messages)
+        return None if ids is None else Request(key, ids, seed + key[1] * int(self.regen.max_turns) + turn)
+
+    def _encode(self, messages: list[dict]) -> list[int] | None:
+        """The token ids that prompt a reply to `messages`, or None when they leave no room for one."""
+        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
+        return list(ids) if len(ids) + 16 <= self.max_len else None
 
     def replies(self, prompts: dict[int, list[dict]], bar: tqdm | None = None) -> dict[int, str]:
         """One reply per prompt whose rendering fits in max_len. `bar` counts the prompts as they are
         answered, with the reply tokens/s so far."""
-        encoded = {}
-        for i, messages in prompts.items():
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-            if len(ids) + 16 <= self.max_len:
-                encoded[i] = list(ids)
+        encoded = {i: ids for i, messages in prompts.items() if (ids := self._encode(messages)) is not None}
         out = self.decode_by_length(encoded, bar)
         if bar is not None:
             bar.update(len(prompts) - len(encoded))  # too long to answer
         return out
 
     def decode_by_length(self, encoded: dict[int, list[int]], bar: tqdm | None = None) -> dict[int, str]:
-        """One reply per token-id prompt; the engine gets them shortest first, so its batches are of
-        similar lengths. A batched engine gets them in groups of regen.batch_size for the progress bar."""
+        """One reply per token-id prompt, sent shortest first (a batched engine then batches similar lengths)."""
         order = sorted(encoded, key=lambda i: len(encoded[i]))
-        group = len(order) if self.engine.name != "ours" else int(self.regen.batch_size)
-        out = {}
-        for b in range(0, len(order), max(group, 1)):
-            part = order[b:b + group]
-            out.update(zip(part, self.decode_batch([encoded[i] for i in part])))
+        self.engine.submit([Request(i, encoded[i], self.seed + n) for n, i in enumerate(order)], self.regen)
+        self.seed += len(order)
+        out: dict[int, str] = {}
+        while len(out) < len(order):
+            done = self.engine.finished()
+            out.update(done)
             if bar is not None:
-                bar.update(len(part))
+                bar.update(len(done))
                 bar.set_postfix(tok_s=f"{self.tokens_per_s:.0f}")
         return out
 
     def decode_batch(self, prompts: list[list[int]]) -> list[str]:
         """One reply per token-id prompt, in order."""
-        texts = self.engine.generate(prompts, self.seed, self.regen)
+        texts = generate(self.engine, prompts, self.seed, self.regen)
         self.seed += len(prompts)
         return texts
+
+
+class Conversations:
+    """The chunks' conversations being answered, keyed (chunk, index in chunk): their user turns (up to
+    `max_turns`) and the messages answered so far, from the system message on."""
+
+    def __init__(self, chunks: dict[int, list[Conversation]], max_turns: int):
+        self.chunks = chunks
+        self.users = {(k, i): [m for m in c.messages if m["role"] == "user"][:max_turns]
+                      for k, chunk in chunks.items() for i, c in enumerate(chunk)}
+        self.done = {(k, i): [m for m in c.messages[:1] if m["role"] == "system"]
+                     for k, chunk in chunks.items() for i, c in enumerate(chunk)}
+        self.left = {k: len(chunk) for k, chunk in chunks.items()}  # conversations not yet ended
+        self.turns = sum(len(u) for u in self.users.values())
+
+    def keys(self) -> list[tuple[int, int]]:
+        return list(self.users)
+
+    def answered(self, key: tuple[int, int]) -> int:
+        return sum(m["role"] == "assistant" for m in self.done[key])
+
+    def unanswered(self, key: tuple[int, int]) -> int:
+        return len(self.users[key]) - self.answered(key)
+
+    def next_prompt(self, key: tuple[int, int]) -> tuple[list[dict] | None, int]:
+        """The messages a reply to the next user turn continues, and that turn's number (None: no turn left)."""
+        turn = self.answered(key)
+        return (self.done[key] + [self.users[key][turn]] if turn < len(self.users[key]) else None), turn
+
+    def answer(self, key: tuple[int, int], text: str) -> None:
+        self.done[key] += [self.users[key][self.answered(key)], {"role": "assistant", "content": text}]
+
+    def end(self, key: tuple[int, int]) -> bool:
+        """Conversation `key` is done; whether its whole chunk is."""
+        self.left[key[0]] -= 1
+        return self.left[key[0]] == 0
+
+    def pop_chunk(self, k: int) -> list[Conversation]:
+        """Chunk k as answered, without the conversations that got no reply (their first turn was too long)."""
+        out = []
+        for i, c in enumerate(self.chunks.pop(k)):
+            done = self.done.pop((k, i))
+            del self.users[(k, i)]
+            if any(m["role"] == "assistant" for m in done):
+                out.append(Conversation(c.index, c.id, done))
+        return out
 
 
 def _chunk_path(out: Path, k: int) -> Path:

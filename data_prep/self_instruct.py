@@ -109,7 +109,7 @@ def read_openers(path: str | None) -> list[str]:
 def answer(generator: ReplyGenerator, questions: list[str]) -> list[Conversation]:
     """One greedy reply per question (`generator.regen` settings), as conversations."""
     chats = [Conversation(i, f"self-{i:05d}", [{"role": "user", "content": q}]) for i, q in enumerate(questions)]
-    return generator.conversations(chats)
+    return next((answered for _, answered in generator.chunks({0: chats}, {0: generator.seed})), [])
 
 
 def follow_up(asker: ReplyGenerator, replier: ReplyGenerator, chats: list[Conversation],

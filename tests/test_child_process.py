@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from eagle.common.child_process import JsonLineChild, child_env, run_logged
+from eagle.common.child_process import JsonLineChild, child_env, run_logged, vllm_cpu_binding
 
 
 def test_a_child_gets_no_launcher_rank_variables_and_a_foreign_one_no_venv(monkeypatch):
@@ -19,6 +19,16 @@ def test_a_child_gets_no_launcher_rank_variables_and_a_foreign_one_no_venv(monke
     foreign = child_env(None, foreign=True, EXTRA="1")
     assert "PYTHONPATH" not in foreign and foreign["EXTRA"] == "1"
     assert foreign.get("OMP_NUM_THREADS") == os.environ.get("OMP_NUM_THREADS")  # None: left as it is
+
+
+def test_vllm_cpu_is_bound_to_every_core_we_may_use_unless_the_user_binds_it(monkeypatch):
+    """vLLM-cpu's `auto` keeps a core for its scheduler: on 2 cores the engine would run on one."""
+    monkeypatch.delenv("VLLM_CPU_OMP_THREADS_BIND", raising=False)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {3, 1, 2})  # e.g. under `taskset -c 1-3`
+    assert vllm_cpu_binding() == "1,2,3"
+    assert vllm_cpu_binding(2) == "1,2"
+    monkeypatch.setenv("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+    assert vllm_cpu_binding(2) == "nobind"
 
 
 def test_a_failed_or_killed_child_is_reported_with_its_logs_tail(tmp_path):

@@ -19,8 +19,10 @@ from transformers import AutoModelForCausalLM
 
 from data_prep import reply_engines
 from data_prep.batched_decoding import BatchedDecoding
+from data_prep.conversations import Conversation
 from data_prep.data_config import RegenConfig
 from data_prep.regenerate import ReplyGenerator
+from data_prep.reply_requests import generate
 from eagle.common.child_process import process_stats, process_tree
 from eagle.targets.tokenizer import load_tokenizer
 from tests.tiny import embedded_target_or_skip
@@ -55,6 +57,49 @@ def test_each_rank_of_a_gpu_node_gives_vllm_its_own_gpu(monkeypatch):
     assert reply_engines.rank_device_env() == {"CUDA_VISIBLE_DEVICES": "1"}
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
     assert reply_engines.rank_device_env() == {}
+
+
+class OneAtATime:
+    """A stand-in engine that answers one request per call, the last submitted first (a scheduler's worst
+    order), and records what it saw: each reply names its conversation and seed."""
+
+    name = "fake"
+
+    def __init__(self):
+        self.pending, self.seen, self.most_in_flight, self.tokens, self.seconds = [], [], 0, 0, 1.0
+
+    def submit(self, requests, settings):
+        self.pending += requests
+        self.seen += requests
+        self.most_in_flight = max(self.most_in_flight, len(self.pending))
+
+    def finished(self):
+        r = self.pending.pop()
+        return [(r.key, f"reply {r.key[0]}.{r.key[1]} seed {r.seed}")]
+
+
+def test_conversations_stream_turn_by_turn_and_chunks_come_out_whole(tiny_dir):
+    """Each conversation's next turn is sent once its last is answered, with its earlier replies in the
+    prompt; no more than `concurrency` are in flight; a chunk comes out once all of its conversations
+    are done, they in input order, a conversation whose first turn does not fit left out; seeds depend only on
+    (chunk, conversation, turn), not on the engine's order."""
+    tok = load_tokenizer(tiny_dir)
+    user = lambda text: {"role": "user", "content": text}
+    chunks = {k: [Conversation(10 * k + i, f"c{k}{i}", [user(f"q{k}{i}a"), {"role": "assistant", "content": "old"},
+                                                         user(f"q{k}{i}b"), user("q3")]) for i in range(3)]
+              for k in (2, 5)}
+    chunks[5][1] = Conversation(51, "long", [user("word " * 300)])  # its prompt leaves no room for a reply
+    engine = OneAtATime()
+    settings = replace(GREEDY, max_turns=2, concurrency=4)
+    out = list(ReplyGenerator(engine, tok, settings, 128).chunks(chunks, {2: 1000, 5: 2000}))
+    assert sorted(k for k, _ in out) == [2, 5] and engine.most_in_flight <= 4  # each chunk once
+    by_chunk = dict(out)
+    assert [c.id for c in by_chunk[2]] == ["c20", "c21", "c22"] and [c.id for c in by_chunk[5]] == ["c50", "c52"]
+    assert by_chunk[2][1].messages == [user("q21a"), {"role": "assistant", "content": "reply 2.1 seed 1002"},
+                                       user("q21b"), {"role": "assistant", "content": "reply 2.1 seed 1003"}]
+    second_turn = next(r for r in engine.seen if r.key == (2, 1) and r.seed == 1003)
+    assert "reply 2.1 seed 1002" in tok.decode(second_turn.prompt)
+    assert sorted(r.seed for r in engine.seen) == [1000, 1001, 1002, 1003, 1004, 1005, 2000, 2001, 2004, 2005]
 
 
 def prompts_of(tok) -> list[list[int]]:
@@ -155,7 +200,7 @@ def test_vllm_samples_replies_to_prompts_whose_prefill_it_splits():
     engine = reply_engines.open_engine(sampled, target, "float32", tok, 512, threads=1, eager=True)
     try:
         long_prompts = [[tok.eos_token_id] + list(range(1000 + i, 1300 + i)) for i in range(48)]  # 14,448 tokens
-        replies = engine.generate(long_prompts, seed=7, settings=sampled)
+        replies = generate(engine, long_prompts, seed=7, settings=sampled)
     finally:
         engine.close()
     assert len(replies) == 48 and engine.tokens > 0 and not engine.seeded
@@ -172,10 +217,9 @@ def test_a_terminated_vllm_worker_takes_its_engine_processes_with_it():
                                        128, threads=1, eager=True)
     children = descendants(engine.child.proc.pid)
     assert children  # vLLM's engine core and its worker
-    busy = {"prompts": [[1, 2, 3]] * 64, "max_tokens": [128] * 64, "seeds": list(range(64)), "temperature": 0.0,
-            "top_p": 1.0, "stop_token_ids": []}
-    engine.child.proc.stdin.write(json.dumps(busy) + "\n")  # killed in the middle of a batch
-    engine.child.proc.stdin.flush()
+    busy = {"add": [{"id": i, "prompt": [1, 2, 3], "max_tokens": 128, "seed": i} for i in range(64)],
+            "temperature": 0.0, "top_p": 1.0, "stop_token_ids": []}
+    engine.child.send(busy)  # killed in the middle of a batch
     time.sleep(3)
     engine.child.proc.send_signal(signal.SIGTERM)
     engine.child.proc.wait(timeout=60)

@@ -41,7 +41,7 @@ def test_questions_are_distinct_sampled_and_answered_into_a_readable_sharegpt_fi
     questions = sample_questions(replies_by(model, tok, asking, 128), n=6, batch_size=4, min_words=2,
                                  max_rounds=6)
     assert len(questions) == 6 and len({" ".join(q.lower().split()) for q in questions}) == 6
-    replying = OmegaConf.create({"max_new_tokens": 8, "temperature": 0.0, "top_p": 1.0, "max_turns": 1, "batch_size": 4})
+    replying = OmegaConf.create({"max_new_tokens": 8, "temperature": 0.0, "top_p": 1.0, "max_turns": 1, "batch_size": 4, "concurrency": 4})
     chats = answer(replies_by(model, tok, replying, 128), questions)
     assert chats and all([m["role"] for m in c.messages] == ["user", "assistant"] for c in chats)
     out = tmp_path / "self.json"
@@ -77,7 +77,7 @@ def test_follow_up_adds_a_sampled_question_after_the_targets_reply_and_answers_i
     assert prefix.startswith(tok.apply_chat_template(history, tokenize=False)) and prefix.endswith("user\n")
 
     asking = OmegaConf.create({"max_new_tokens": 8, "temperature": 1.0, "top_p": 1.0, "batch_size": 4})
-    replying = OmegaConf.create({"max_new_tokens": 6, "temperature": 0.0, "top_p": 1.0, "max_turns": 1, "batch_size": 4})
+    replying = OmegaConf.create({"max_new_tokens": 6, "temperature": 0.0, "top_p": 1.0, "max_turns": 1, "batch_size": 4, "concurrency": 4})
     replier = replies_by(model, tok, replying, 128)
     chats = answer(replier, ["Name three rivers of Europe.", "What is two plus two?", "Explain how tides work."])
     torch.manual_seed(0)
