@@ -37,7 +37,7 @@ CHUNK_SEEDS = 1_000_003  # seeds per chunk: chunk k's requests sample from seed 
 def regenerate(prep: PrepConfig, target_dir: Path, tokenizer, conversations: list[Conversation], out: Path,
                rank: int = 0, world: int = 1) -> list[Conversation]:
     """Conversations with regenerated assistant turns, in input order: chunks of data.shard_records,
-    chunk k sampled from seed + k with the settings of data.regen."""
+    sampled with the settings of data.regen, chunk k's from seed (data.seed + k) * CHUNK_SEEDS on."""
     out.mkdir(parents=True, exist_ok=True)
     size = prep.data.shard_records
     n_chunks = -(-len(conversations) // size)
@@ -50,8 +50,9 @@ def regenerate(prep: PrepConfig, target_dir: Path, tokenizer, conversations: lis
             chunks = {k: conversations[k * size:(k + 1) * size] for k in todo}
             for k, chunk in generator.chunks(chunks, {k: (prep.seed + k) * CHUNK_SEEDS for k in todo}):
                 _write_chunk(_chunk_path(out, k), chunk)
-                log.info("regenerated chunk %d: %d reply tokens so far at %.1f tokens/s (%s)", k, generator.tokens,
-                         generator.tokens_per_s, engine.name)
+                log.info("regenerated chunk %d: %d reply tokens so far (%s)", k, generator.tokens, engine.name)
+            log.info("regenerated %d reply tokens at %.1f tokens/s (%s)", generator.tokens, generator.tokens_per_s,
+                     engine.name)  # counted as replies end: only the total is exact while others stream
         finally:
             engine.close()
     distributed.barrier()
@@ -107,7 +108,6 @@ class ReplyGenerator:
                     yield key[0], talks.pop_chunk(key[0])
             self.engine.submit(requests, self.regen)
             in_flight += len(requests)
-            bar.set_postfix(tok_s=f"{self.tokens_per_s:.0f}")
         bar.close()
 
     def _next_turn(self, talks: Conversations, key: tuple[int, int], seed: int) -> Request | None:

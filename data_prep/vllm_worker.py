@@ -55,6 +55,7 @@ def main(config_json: str) -> None:
     import vllm
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
     from vllm.platforms import current_platform
 
     cfg = json.loads(config_json)
@@ -77,7 +78,8 @@ def main(config_json: str) -> None:
             for r in req["add"]:
                 params = SamplingParams(temperature=float(req["temperature"]), top_p=float(req["top_p"]),
                                         max_tokens=int(r["max_tokens"]), seed=int(r["seed"]) if seeded else None,
-                                        stop_token_ids=list(req["stop_token_ids"]))
+                                        stop_token_ids=list(req["stop_token_ids"]), detokenize=False,
+                                        output_kind=RequestOutputKind.FINAL_ONLY)  # ids, once: no text per step
                 engine.add_request(str(r["id"]), TokensPrompt(prompt_token_ids=r["prompt"]), params)
                 ours[str(r["id"])] = r["id"]  # outputs carry the id as given (vLLM adds a suffix inside)
         t0 = time.perf_counter()
