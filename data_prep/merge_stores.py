@@ -29,7 +29,8 @@ def merge_stores(out: Path, stores: list[Path]) -> dict:
     for store, m in zip(stores[1:], manifests[1:]):
         _check_same(stores[0], first, store, m)
     out.mkdir(parents=True, exist_ok=True)
-    if read_manifest(out) is not None and not _merged_from(read_manifest(out), stores):
+    existing = read_manifest(out)
+    if existing is not None and not _merged_from(existing, stores):
         raise ValueError(f"{out}: already holds a store that was not merged from these; choose another folder")
     entries = []
     for store, m in zip(stores, manifests):

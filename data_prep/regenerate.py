@@ -126,7 +126,7 @@ class ReplyGenerator:
 
     def replies(self, prompts: dict[int, list[dict]], bar: tqdm | None = None) -> dict[int, str]:
         """One reply per prompt whose rendering fits in max_len. `bar` counts the prompts as they are
-        answered, with the reply tokens/s so far."""
+        answered."""
         encoded = {i: ids for i, messages in prompts.items() if (ids := self._encode(messages)) is not None}
         out = self.decode_by_length(encoded, bar)
         if bar is not None:
@@ -144,7 +144,6 @@ class ReplyGenerator:
             out.update(done)
             if bar is not None:
                 bar.update(len(done))
-                bar.set_postfix(tok_s=f"{self.tokens_per_s:.0f}")
         return out
 
     def decode_batch(self, prompts: list[list[int]]) -> list[str]:

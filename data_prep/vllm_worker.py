@@ -5,10 +5,10 @@
 It imports nothing of this project (its venv may hold only vLLM). Prints
 `{"ready": true, "startup_seconds": s, "vllm": VERSION, "seeded": b}` once the engine is built. Then it
 takes request lines at any time
-`{"add": [{"id": ID, "prompt": [ids], "max_tokens": n, "seed": s}, ...], "temperature": t, "top_p": p,
+`{"add": [{"id": N, "prompt": [ids], "max_tokens": n, "seed": s}, ...], "temperature": t, "top_p": p,
   "stop_token_ids": [...]}`
 into the running engine (vLLM batches whatever is in flight), and after each engine step that ended
-requests writes one line `{"done": [{"id": ID, "tokens": [ids]}, ...], "seconds": s}`, `seconds` the
+requests writes one line `{"done": [{"id": N, "tokens": [ids]}, ...], "seconds": s}`, `seconds` the
 engine's busy time since its last line. A caller can so send a conversation's next turn as soon as the
 last one is answered, and the engine's batch stays full; it ends at the end of its stdin.
 
@@ -65,7 +65,7 @@ def main(config_json: str) -> None:
     seeded = not current_platform.is_cpu()
     print(json.dumps({"ready": True, "startup_seconds": time.perf_counter() - start, "vllm": vllm.__version__,
                       "seeded": seeded}), file=out, flush=True)
-    engine, lines, ours = llm.llm_engine, queue.Queue(), {}  # ours: the request ids as strings -> as sent
+    engine, lines = llm.llm_engine, queue.Queue()
     threading.Thread(target=read_lines, args=(sys.stdin, lines), daemon=True).start()
     busy = 0.0
     while True:
@@ -81,11 +81,11 @@ def main(config_json: str) -> None:
                                         stop_token_ids=list(req["stop_token_ids"]), detokenize=False,
                                         output_kind=RequestOutputKind.FINAL_ONLY)  # ids, once: no text per step
                 engine.add_request(str(r["id"]), TokensPrompt(prompt_token_ids=r["prompt"]), params)
-                ours[str(r["id"])] = r["id"]  # outputs carry the id as given (vLLM adds a suffix inside)
         t0 = time.perf_counter()
         outputs = engine.step()
         busy += time.perf_counter() - t0
-        done = [{"id": ours.pop(o.request_id), "tokens": list(o.outputs[0].token_ids)} for o in outputs if o.finished]
+        # an output carries the id as given (vLLM's internal one has a suffix)
+        done = [{"id": int(o.request_id), "tokens": list(o.outputs[0].token_ids)} for o in outputs if o.finished]
         if done:
             print(json.dumps({"done": done, "seconds": busy}), file=out, flush=True)
             busy = 0.0
