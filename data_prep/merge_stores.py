@@ -42,7 +42,8 @@ def merge_stores(out: Path, stores: list[Path]) -> dict:
         "chat_template_sha256": first["chat_template_sha256"],
         "config_key": "merged-" + hashlib.sha256(" ".join(m["config_key"] for m in manifests).encode()).hexdigest()[:16],
         "target": first["target"],
-        "source": {"merged": [{"store": str(s), "source": m.get("source")} for s, m in zip(stores, manifests)]},
+        "source": {"merged": [{"store": str(s), "tokens": m["tokens"], "source": m.get("source")}
+                              for s, m in zip(stores, manifests)]},
         "records": sum(m["records"] for m in manifests),
         "tokens": sum(m["tokens"] for m in manifests),
         "loss_tokens": sum(m["loss_tokens"] for m in manifests),

@@ -11,7 +11,8 @@ draws τ against tokens on a log axis, one panel per judge, one line per trainer
 An OUT_DIR may also be an `evaluation.acceptance` output (`--out`): each head it judged that keeps
 a `training.json` (train/stages.py) is a point of the line "ARCH in stages (JUDGE)", at the distinct
 tokens of its stages (a stage over data an earlier stage saw adds none, as does a store gathered from earlier
-stages' stores) and the sum of their steps,
+stages' stores; a store merged by `data_prep.merge_stores` adds the stores it links that no earlier stage saw)
+and the sum of their steps,
 so a head trained slice by slice across sessions draws its own curve.
 `--record FILE` keeps the points in git (the run outputs stay out of it): the file's points are
 read, a folder's points replace the recorded ones of the same folder, trainer, tokens and steps, and the
@@ -114,10 +115,11 @@ def staged_points(out: Path, scores: dict) -> list[Point]:
         if not stages:
             continue
         arch = json.loads((Path(head) / "config.json").read_text()).get("architecture", "head")
-        seen = {}  # data -> tokens, in stage order: a later pass over the same data adds no tokens
+        seen = {}  # store (or data) -> tokens, in stage order: a later pass over the same data adds no tokens
         for stage in stages:
             if not rereads(stage.data, seen):
-                seen.setdefault(stage.data, stage.tokens)
+                for part, tokens in made_of(stage.data, stage.tokens):
+                    seen.setdefault(part, tokens)
         found.append(Point(f"{arch} in stages ({judge})", stages[0].data.split(" (")[0], sum(seen.values()),
                            sum(s.steps for s in stages), {k: judged.get(k) for k in JUDGES}, out))
     return found
@@ -130,13 +132,34 @@ def store_of(data: str) -> Path | None:
     return Path(data[data.index(" (") + 2:-1]).expanduser()
 
 
+def _source(folder: Path | None) -> dict:
+    """The `source` of a store's manifest; empty where the store is not on this disk."""
+    manifest = read_manifest(folder) if folder else None
+    return (manifest or {}).get("source") or {}
+
+
+def made_of(data: str, tokens: int) -> list[tuple[Path | str, int]]:
+    """(store folder, tokens) of every store a stage's store holds: those a store merged by
+    `data_prep.merge_stores` links (recursively), else the store itself (its data where it names no folder)."""
+    folder = store_of(data)
+    if folder is None:
+        return [(data, tokens)]
+
+    def leaves(folder: Path, tokens: int, source: dict) -> list[tuple[Path | str, int]]:
+        if not source.get("merged"):
+            return [(folder, tokens)]
+        return [leaf for m in source["merged"] for leaf in leaves(
+            Path(m["store"]).expanduser(), m.get("tokens") or (read_manifest(Path(m["store"])) or {}).get("tokens", 0),
+            m.get("source") or {})]
+
+    return leaves(folder, tokens, _source(folder))
+
+
 def rereads(data: str, seen: dict) -> bool:
     """Is this stage's store built only from files inside stores of earlier stages (e.g. their `regenerated/`
     replies gathered into one store)? Then its tokens are not new. Read from the store's manifest where it exists."""
-    folder = store_of(data)
-    manifest = read_manifest(folder) if folder else None  # None where the store is not on this disk
-    files = [f.strip() for f in str(((manifest or {}).get("source") or {}).get("data", "")).split(",") if f.strip()]
-    earlier = [d for d in (store_of(s) for s in seen) if d]
+    files = [f.strip() for f in str(_source(store_of(data)).get("data", "")).split(",") if f.strip()]
+    earlier = [d for d in seen if isinstance(d, Path)]
     return bool(files) and all(any(Path(f).expanduser().is_relative_to(d) for d in earlier) for f in files)
 
 

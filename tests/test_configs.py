@@ -94,10 +94,14 @@ def test_the_shipped_recipe_chains_its_stages():
     regenerated = sorted({s.store_dir for s in stages if s.data.regenerate})
     assert list(regen4.data.source) == [f"{d}/regenerated/chunk-*.jsonl" for d in regenerated]
     assert regen4.train.draft_vocab == stages[-1].train.draft_vocab and regen4.train.export_epochs
-    # stage 23: the shipped head two epochs over the merged slices 0-2 of the target's replies (data_prep.merge_stores)
+    # stage 22: stage 21's shipped head (regen4's second epoch) two epochs over the merged slices 0-2 of the
+    # target's replies (data_prep.merge_stores); stage 23: its head two more over slices 0-3
     merged = composed("smollm2_eagle3_regen_c0_3")
-    assert merged.train.init_head == "checkpoints/eagle3-smollm2-135m-instruct" and merged.train.epochs == 2
+    assert merged.train.init_head == f"{regen4.output_dir}/epochs/epoch2/head" and merged.train.epochs == 2
     assert merged.store_dir.endswith("/regen-c0-3149-regenTrue-len1024-layers2_15_27_-1") and merged.train.export_epochs
+    merged4 = composed("smollm2_eagle3_regen_c0_4")
+    assert merged4.train.init_head == f"{merged.output_dir}/head" and merged4.train.epochs == 2
+    assert merged4.store_dir.endswith("/regen-c0-4199-regenTrue-len1024-layers2_15_27_-1") and merged4.train.export_epochs
     # EAGLE-2's stage 4: the shipped head on conversations past stage 3's, from EAGLE-3's store of that slice
     eagle2 = composed("smollm2_eagle2_slice4")
     assert eagle2.train.init_head == "checkpoints/eagle-smollm2-135m-instruct" and eagle2.train.keep_init_vocab

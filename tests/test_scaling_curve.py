@@ -103,3 +103,24 @@ def test_a_store_gathered_from_earlier_stores_adds_no_tokens(tmp_path, monkeypat
     (out / "scores.json").write_text(json.dumps({f"{head}|{judge}": {"vllm_tau": 1.7}}))
     (found,) = scaling_curve.points([out])
     assert (found.tokens, found.steps) == (1_300_000, 890)
+
+
+def test_a_merged_store_adds_only_the_stores_no_earlier_stage_saw(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    stores = tmp_path / "stores"
+
+    def merged(name, parts):  # a store data_prep.merge_stores made of `parts` [(store, tokens, source)]
+        (stores / name).mkdir(parents=True)
+        source = {"merged": [{"store": str(stores / s), "tokens": t, "source": src} for s, t, src in parts]}
+        (stores / name / "manifest.json").write_text(json.dumps({"source": source}))
+        return source
+
+    inner = merged("m12", [("first", 500_000, {"data": "a.json"}), ("second", 800_000, {"data": "a.json"})])
+    merged("m123", [("m12", 1_300_000, inner), ("third", 700_000, {"data": "a.json"})])
+    head = staged_head(tmp_path / "head", [("first", 500_000, 400), ("m12", 1_300_000, 300), ("m123", 2_000_000, 450)])
+    judge = "mtbench-80x256-bfloat16-vllm"
+    out = tmp_path / "acceptance"
+    out.mkdir()
+    (out / "scores.json").write_text(json.dumps({f"{head}|{judge}": {"vllm_tau": 1.7}}))
+    (found,) = scaling_curve.points([out])
+    assert (found.tokens, found.steps) == (2_000_000, 1_150)
