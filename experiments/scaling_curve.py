@@ -11,8 +11,8 @@ draws τ against tokens on a log axis, one panel per judge, one line per trainer
 An OUT_DIR may also be an `evaluation.acceptance` output (`--out`): each head it judged that keeps
 a `training.json` (train/stages.py) is a point of the line "ARCH in stages (JUDGE)", at the distinct
 tokens of its stages (a stage over data an earlier stage saw adds none, as does a store gathered from earlier
-stages' stores; a store merged by `data_prep.merge_stores` adds the stores it links that no earlier stage saw)
-and the sum of their steps,
+stages' stores, read from its manifest or named with `--rereads` where the store is gone; a store merged by
+`data_prep.merge_stores` adds the stores it links that no earlier stage saw) and the sum of their steps,
 so a head trained slice by slice across sessions draws its own curve.
 `--record FILE` keeps the points in git (the run outputs stay out of it): the file's points are
 read, a folder's points replace the recorded ones of the same folder, trainer, tokens and steps, and the
@@ -90,7 +90,7 @@ def from_scratch(command: str) -> bool:
     return not any(w.startswith("train.init_head=") and w.split("=", 1)[1] not in ("", "null") for w in command.split())
 
 
-def points(out_dirs: list[Path]) -> list[Point]:
+def points(out_dirs: list[Path], known_rereads: frozenset = frozenset()) -> list[Point]:
     """Every judged run of the parity outputs and every staged head of the acceptance outputs in
     `out_dirs`, by line, then tokens."""
     found = []
@@ -102,12 +102,13 @@ def points(out_dirs: list[Path]) -> list[Point]:
             if judged and from_scratch(run.get("command", "")):
                 found.append(Point(run["trainer"], data_of(run.get("command", "")), int(run["tokens"]),
                                    int(run["recipe"]["steps"]), {k: judged[0].get(k) for k in JUDGES}, out))
-        found += staged_points(out, scores)
+        found += staged_points(out, scores, known_rereads)
     return in_order(found)
 
 
-def staged_points(out: Path, scores: dict) -> list[Point]:
-    """The heads judged in an acceptance output's `scores` (keys "HEAD_DIR|JUDGE") that keep their stages."""
+def staged_points(out: Path, scores: dict, known_rereads: frozenset = frozenset()) -> list[Point]:
+    """The heads judged in an acceptance output's `scores` (keys "HEAD_DIR|JUDGE") that keep their stages.
+    `known_rereads`: names of stage stores that only re-read earlier stages' data, for stores not on this disk."""
     found = []
     for key, judged in scores.items():
         head, judge = key.split("|", 1)
@@ -117,12 +118,18 @@ def staged_points(out: Path, scores: dict) -> list[Point]:
         arch = json.loads((Path(head) / "config.json").read_text()).get("architecture", "head")
         seen = {}  # store (or data) -> tokens, in stage order: a later pass over the same data adds no tokens
         for stage in stages:
-            if not rereads(stage.data, seen):
+            if not named(stage.data, known_rereads) and not rereads(stage.data, seen):
                 for part, tokens in made_of(stage.data, stage.tokens):
                     seen.setdefault(part, tokens)
         found.append(Point(f"{arch} in stages ({judge})", stages[0].data.split(" (")[0], sum(seen.values()),
                            sum(s.steps for s in stages), {k: judged.get(k) for k in JUDGES}, out))
     return found
+
+
+def named(data: str, names: frozenset) -> bool:
+    """Is a stage's data ("NAME (FOLDER)") named in `names`, by NAME or by its folder's name?"""
+    folder = store_of(data)
+    return data.split(" (")[0] in names or (folder is not None and folder.name in names)
 
 
 def store_of(data: str) -> Path | None:
@@ -209,10 +216,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("out_dirs", nargs="*", type=Path, help="evaluation.parity or evaluation.acceptance output folders")
     ap.add_argument("--record", type=Path, default=None, help="the points kept in git: read, updated, written back")
     ap.add_argument("--plot", type=Path, default=None, help="write the figure here (PNG)")
+    ap.add_argument("--rereads", default="", help="comma-separated names (a stage's data name, e.g. regen4, or its "
+                    "store folder's) of stage stores built from earlier stages' data, where the store is not on this disk to tell")
     args = ap.parse_args(argv)
     if not args.out_dirs and not args.record:
         ap.error("give output folders, a --record, or both")
-    new = points(args.out_dirs)
+    new = points(args.out_dirs, frozenset(n for n in args.rereads.split(",") if n))
     if args.out_dirs and not new:
         raise SystemExit(f"error: no judged runs in {', '.join(map(str, args.out_dirs))}")
     found = merged(read_record(args.record), new) if args.record else new

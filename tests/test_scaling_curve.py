@@ -124,3 +124,17 @@ def test_a_merged_store_adds_only_the_stores_no_earlier_stage_saw(tmp_path, monk
     (out / "scores.json").write_text(json.dumps({f"{head}|{judge}": {"vllm_tau": 1.7}}))
     (found,) = scaling_curve.points([out])
     assert (found.tokens, found.steps) == (2_000_000, 1_150)
+
+
+def test_a_gathered_store_no_longer_on_disk_is_named_as_rereading(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # no store of these stages exists here
+    head = staged_head(tmp_path / "head", [("first", 500_000, 400), ("regen2", 500_000, 300), ("third", 700_000, 200)])
+    judge = "mtbench-80x256-bfloat16-vllm"
+    out = tmp_path / "acceptance"
+    out.mkdir()
+    (out / "scores.json").write_text(json.dumps({f"{head}|{judge}": {"vllm_tau": 1.7}}))
+    (counted,) = scaling_curve.points([out])
+    assert counted.tokens == 1_700_000  # nothing tells: every stage's tokens count
+    record = tmp_path / "points.json"
+    scaling_curve.main([str(out), "--record", str(record), "--rereads", "regen2"])
+    assert [p.tokens for p in scaling_curve.read_record(record)] == [1_200_000]

@@ -1,0 +1,132 @@
+"""`python -m experiments.decode_roofline`: the fastest a batched reply engine could write on this CPU.
+
+    python -m experiments.decode_roofline smollm2-135m-instruct --threads 2 --batches 64,256 --contexts 256,512
+
+One decode step of a batch of B replies, each over C tokens of context, must at least multiply B rows
+through every linear layer of the target (its lm_head included) and attend over B × C cached keys and
+values in every layer. This times the matmuls in the target's shapes and dtype, and the memory's read
+bandwidth (a sum over 1 GB); the matmuls plus the cached keys and values read at that bandwidth are a
+lower bound on a step (no norms, rotary, attention arithmetic, sampling, scheduling or Python), so
+B / that sum bounds the reply tokens/s of any engine running the target here. Torch's own attention
+kernel (SDPA, one query row a reply) and the same attention as two batched matmuls are timed beside it. Medians of `rounds`; prints the bound, the
+matmuls' GFLOP/s and the GB/s of keys and values each way reads them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoConfig
+
+from eagle.common.precision import fast_dtype
+from eagle.targets.resolve import resolve_target
+
+
+def head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def linear_shapes(config) -> list[tuple[int, int, int]]:
+    """(in, out, count) of every linear layer a decode step runs: q, k, v, o, gate, up, down per layer, lm_head."""
+    h, inter, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    q, kv = config.num_attention_heads * head_dim(config), config.num_key_value_heads * head_dim(config)
+    return [(h, q, n), (q, h, n), (h, kv, 2 * n), (h, inter, 2 * n), (inter, h, n), (h, config.vocab_size, 1)]
+
+
+def _median_seconds(run, rounds: int) -> float:
+    run()  # warm-up: first-call allocation and kernel selection
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def matmul_seconds(shapes, batch: int, dtype: torch.dtype, rounds: int) -> tuple[float, float]:
+    """Seconds for one step's linear layers at `batch` rows, and the FLOPs they do."""
+    pairs = [(torch.randn(batch, k, dtype=dtype), torch.randn(k, o, dtype=dtype), c) for k, o, c in shapes]
+
+    def run():
+        for x, w, count in pairs:
+            for _ in range(count):
+                torch.mm(x, w)
+
+    flops = sum(2 * batch * k * o * c for k, o, c in shapes)
+    return _median_seconds(run, rounds), flops
+
+
+def read_bandwidth(rounds: int) -> float:
+    """Bytes a second this process reads streaming through 1 GB: an fp32 sum, every byte loaded once (torch
+    sums bf16 through a slow fp32 conversion, so fp32 stands for any dtype's bytes)."""
+    big = torch.ones(2**28)  # [2^28] fp32 = 1 GB
+    return big.numel() * big.element_size() / _median_seconds(big.sum, rounds)
+
+
+def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Decode attention as two batched matmuls: the query rows sharing a key head become one matrix.
+    q [B, H, 1, d], k and v [B, Hkv, C, d] -> [B, H, 1, d]."""
+    b, h, _, d = q.shape
+    rows = q.view(b, k.shape[1], h // k.shape[1], d)  # [B, Hkv, g, d]
+    weights = torch.softmax((rows @ k.transpose(-1, -2)).float() * d**-0.5, dim=-1).to(v.dtype)  # [B, Hkv, g, C]
+    return (weights @ v).view(b, h, 1, d)
+
+
+KERNELS = {"sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+           "matmul": grouped_attention}
+
+
+def attention_seconds(config, batch: int, context: int, dtype: torch.dtype, rounds: int,
+                      kernel: str = "sdpa") -> tuple[float, float]:
+    """Seconds for one step's attention (one query row per reply over `context` cached tokens, every layer)
+    with torch's SDPA or `grouped_attention`, and the bytes of keys and values it reads."""
+    heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, head_dim(config)
+    q = torch.randn(batch, heads, 1, dim, dtype=dtype)  # [B, H, 1, d]
+    layers = [(torch.randn(batch, kv_heads, context, dim, dtype=dtype),  # K [B, Hkv, C, d]
+               torch.randn(batch, kv_heads, context, dim, dtype=dtype)) for _ in range(config.num_hidden_layers)]
+    attend = KERNELS[kernel]
+
+    def run():
+        for k, v in layers:
+            attend(q, k, v)
+
+    read = sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in layers)
+    return _median_seconds(run, rounds), read
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(prog="python -m experiments.decode_roofline", description=__doc__.splitlines()[0])
+    p.add_argument("target", nargs="?", default="smollm2-135m-instruct", help="a target name or folder")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batches", default="64,256", help="replies decoded together")
+    p.add_argument("--contexts", default="256,512", help="tokens each reply attends over")
+    p.add_argument("--dtype", default="auto", help="auto: bf16 where this CPU has bf16 arithmetic, else fp32")
+    p.add_argument("--rounds", type=int, default=5)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    dtype = fast_dtype(args.dtype)
+    config = AutoConfig.from_pretrained(resolve_target(args.target))
+    bandwidth = read_bandwidth(args.rounds)
+    rows = []
+    for batch in (int(b) for b in args.batches.split(",")):
+        mm, flops = matmul_seconds(linear_shapes(config), batch, dtype, args.rounds)
+        for context in (int(c) for c in args.contexts.split(",")):
+            att, read = attention_seconds(config, batch, context, dtype, args.rounds)
+            grouped, _ = attention_seconds(config, batch, context, dtype, args.rounds, kernel="matmul")
+            rows.append({"batch": batch, "context": context, "dtype": str(dtype).removeprefix("torch."),
+                         "matmul_ms": round(1e3 * mm, 1), "matmul_gflops": round(flops / mm / 1e9, 1),
+                         "kv_read_ms": round(1e3 * read / bandwidth, 1), "read_gb_s": round(bandwidth / 1e9, 1),
+                         "sdpa_ms": round(1e3 * att, 1), "sdpa_kv_gb_s": round(read / att / 1e9, 1),
+                         "matmul_attention_ms": round(1e3 * grouped, 1), "matmul_kv_gb_s": round(read / grouped / 1e9, 1),
+                         "bound_tok_s": round(batch / (mm + read / bandwidth))})
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

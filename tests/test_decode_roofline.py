@@ -1,0 +1,30 @@
+"""experiments/decode_roofline.py: the kernels a batched decode step cannot skip, in the target's shapes."""
+
+from __future__ import annotations
+
+import torch
+
+from experiments import decode_roofline
+from tests.tiny import tiny_llama
+
+
+def test_the_linear_shapes_are_every_weight_a_decode_step_multiplies():
+    model = tiny_llama(layers=3)
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    shapes = decode_roofline.linear_shapes(model.config)
+    assert sum(k * o * count for k, o, count in shapes) == weights
+    assert (model.config.hidden_size, model.config.vocab_size, 1) in shapes  # the lm_head, once a step
+
+
+def test_attention_reads_every_cached_key_and_value_once_a_layer():
+    config = tiny_llama(layers=3).config
+    seconds, read = decode_roofline.attention_seconds(config, batch=2, context=5, dtype=torch.float32, rounds=1)
+    per_layer = 2 * 2 * config.num_key_value_heads * 5 * decode_roofline.head_dim(config) * 4  # K and V, fp32
+    assert read == 3 * per_layer and seconds > 0
+
+
+def test_grouped_attention_is_sdpas_decode_attention():
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 4, 1, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)  # 4 query heads on 2 key heads
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+    torch.testing.assert_close(decode_roofline.grouped_attention(q, k, v), expected)
