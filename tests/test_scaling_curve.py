@@ -69,24 +69,31 @@ def staged_head(folder, stages: list[tuple[str, int, int]]):
     return folder
 
 
+JUDGE = "mtbench-80x256-bfloat16-vllm"
+
+
+def judged(tmp_path, scores: dict):
+    """An evaluation.acceptance output that judged each head folder of `scores` with JUDGE."""
+    out = tmp_path / "acceptance"
+    out.mkdir()
+    (out / "scores.json").write_text(json.dumps({f"{head}|{JUDGE}": score for head, score in scores.items()}))
+    return out
+
+
 def test_an_acceptance_output_adds_each_staged_head_at_its_distinct_tokens(tmp_path):
     s1 = [("first", 500_000, 400)]
     two = staged_head(tmp_path / "s2", s1 + [("second", 800_000, 190)])
     again = staged_head(tmp_path / "s3", s1 + [("second", 800_000, 190), ("first", 500_000, 130)])  # a second pass
     bare = tmp_path / "old"  # judged, but exported before heads kept their stages: no point
     bare.mkdir()
-    judge = "mtbench-80x256-bfloat16-vllm"
-    out = tmp_path / "acceptance"
-    out.mkdir()
-    (out / "scores.json").write_text(json.dumps({f"{two}|{judge}": {"vllm_tau": 1.55, "vllm_accept": [0.4]},
-                                                 f"{again}|{judge}": {"vllm_tau": 1.6},
-                                                 f"{bare}|{judge}": {"vllm_tau": 1.4}}))
+    out = judged(tmp_path, {two: {"vllm_tau": 1.55, "vllm_accept": [0.4]}, again: {"vllm_tau": 1.6},
+                            bare: {"vllm_tau": 1.4}})
     record = tmp_path / "points.json"
     scaling_curve.main([str(out), "--record", str(record)])
     found = scaling_curve.read_record(record)
     assert [(p.trainer, p.data, p.tokens, p.steps, p.scores["vllm_tau"]) for p in found] == [
-        (f"eagle3 in stages ({judge})", "sharegpt_packaged", 1_300_000, 590, 1.55),
-        (f"eagle3 in stages ({judge})", "sharegpt_packaged", 1_300_000, 720, 1.6)]
+        (f"eagle3 in stages ({JUDGE})", "sharegpt_packaged", 1_300_000, 590, 1.55),
+        (f"eagle3 in stages ({JUDGE})", "sharegpt_packaged", 1_300_000, 720, 1.6)]
 
 
 def test_a_store_gathered_from_earlier_stores_adds_no_tokens(tmp_path, monkeypatch):
@@ -97,10 +104,7 @@ def test_a_store_gathered_from_earlier_stores_adds_no_tokens(tmp_path, monkeypat
     (gathered / "manifest.json").write_text(json.dumps({"source": {"data": ", ".join(
         f"{stores}/{name}/regenerated/chunk-00000.jsonl" for name in ("first", "second"))}}))
     head = staged_head(tmp_path / "head", [("first", 500_000, 400), ("second", 800_000, 190), ("regen2", 1_300_000, 300)])
-    judge = "mtbench-80x256-bfloat16-vllm"
-    out = tmp_path / "acceptance"
-    out.mkdir()
-    (out / "scores.json").write_text(json.dumps({f"{head}|{judge}": {"vllm_tau": 1.7}}))
+    out = judged(tmp_path, {head: {"vllm_tau": 1.7}})
     (found,) = scaling_curve.points([out])
     assert (found.tokens, found.steps) == (1_300_000, 890)
 
@@ -118,10 +122,7 @@ def test_a_merged_store_adds_only_the_stores_no_earlier_stage_saw(tmp_path, monk
     inner = merged("m12", [("first", 500_000, {"data": "a.json"}), ("second", 800_000, {"data": "a.json"})])
     merged("m123", [("m12", 1_300_000, inner), ("third", 700_000, {"data": "a.json"})])
     head = staged_head(tmp_path / "head", [("first", 500_000, 400), ("m12", 1_300_000, 300), ("m123", 2_000_000, 450)])
-    judge = "mtbench-80x256-bfloat16-vllm"
-    out = tmp_path / "acceptance"
-    out.mkdir()
-    (out / "scores.json").write_text(json.dumps({f"{head}|{judge}": {"vllm_tau": 1.7}}))
+    out = judged(tmp_path, {head: {"vllm_tau": 1.7}})
     (found,) = scaling_curve.points([out])
     assert (found.tokens, found.steps) == (2_000_000, 1_150)
 
@@ -129,10 +130,7 @@ def test_a_merged_store_adds_only_the_stores_no_earlier_stage_saw(tmp_path, monk
 def test_a_gathered_store_no_longer_on_disk_is_named_as_rereading(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))  # no store of these stages exists here
     head = staged_head(tmp_path / "head", [("first", 500_000, 400), ("regen2", 500_000, 300), ("third", 700_000, 200)])
-    judge = "mtbench-80x256-bfloat16-vllm"
-    out = tmp_path / "acceptance"
-    out.mkdir()
-    (out / "scores.json").write_text(json.dumps({f"{head}|{judge}": {"vllm_tau": 1.7}}))
+    out = judged(tmp_path, {head: {"vllm_tau": 1.7}})
     (counted,) = scaling_curve.points([out])
     assert counted.tokens == 1_700_000  # nothing tells: every stage's tokens count
     record = tmp_path / "points.json"
