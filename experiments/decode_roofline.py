@@ -7,8 +7,9 @@ through every linear layer of the target (its lm_head included) and attend over 
 values in every layer. This times the matmuls in the target's shapes and dtype, and the memory's read
 bandwidth (a sum over 1 GB); the matmuls plus the cached keys and values read at that bandwidth are a
 lower bound on a step (no norms, rotary, attention arithmetic, sampling, scheduling or Python), so
-B / that sum bounds the reply tokens/s of any engine running the target here. Torch's own attention
-kernel (SDPA, one query row a reply) and the same attention as two batched matmuls are timed beside it. Medians of `rounds`; prints the bound, the
+B / that sum bounds the reply tokens/s of any engine running the target here. Attention kernels are timed
+beside it, one query row a reply: torch's SDPA, our compiled decoder's grouped SDPA (a key/value head's query
+heads as its rows, eagle/compiled/grouped_attention.py) and the same as two batched matmuls. Medians of `rounds`; prints the bound, the
 matmuls' GFLOP/s and the GB/s of keys and values each way reads them.
 """
 
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from transformers import AutoConfig
 
 from eagle.common.precision import fast_dtype
+from eagle.compiled.grouped_attention import grouped_attention as decoder_attention
 from eagle.targets.resolve import resolve_target
 
 
@@ -77,14 +79,18 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
     return (weights @ v).view(b, h, 1, d)
 
 
-KERNELS = {"sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
-           "matmul": grouped_attention}
+KERNELS = {  # q [B, H, 1, d], k and v [B, Hkv, C, d] -> the attention's output
+    "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
+    "grouped_sdpa": lambda q, k, v: decoder_attention(q, k, v, q.new_zeros(1, 1, 1, k.shape[2]), q.shape[-1] ** -0.5),
+    "bmm": grouped_attention,
+}
 
 
 def attention_seconds(config, batch: int, context: int, dtype: torch.dtype, rounds: int,
                       kernel: str = "sdpa") -> tuple[float, float]:
     """Seconds for one step's attention (one query row per reply over `context` cached tokens, every layer)
-    with torch's SDPA or `grouped_attention`, and the bytes of keys and values it reads."""
+    with a kernel of KERNELS (torch's SDPA; our compiled decoder's grouped SDPA; `grouped_attention`), and the
+    bytes of keys and values it reads."""
     heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, head_dim(config)
     q = torch.randn(batch, heads, 1, dim, dtype=dtype)  # [B, H, 1, d]
     layers = [(torch.randn(batch, kv_heads, context, dim, dtype=dtype),  # K [B, Hkv, C, d]
@@ -116,13 +122,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for batch in (int(b) for b in args.batches.split(",")):
         mm, flops = matmul_seconds(linear_shapes(config), batch, dtype, args.rounds)
         for context in (int(c) for c in args.contexts.split(",")):
-            att, read = attention_seconds(config, batch, context, dtype, args.rounds)
-            grouped, _ = attention_seconds(config, batch, context, dtype, args.rounds, kernel="matmul")
+            seconds = {kernel: attention_seconds(config, batch, context, dtype, args.rounds, kernel)
+                       for kernel in KERNELS}
+            read = seconds["sdpa"][1]
             rows.append({"batch": batch, "context": context, "dtype": str(dtype).removeprefix("torch."),
-                         "matmul_ms": round(1e3 * mm, 1), "matmul_gflops": round(flops / mm / 1e9, 1),
+                         "linear_ms": round(1e3 * mm, 1), "linear_gflops": round(flops / mm / 1e9, 1),
                          "kv_read_ms": round(1e3 * read / bandwidth, 1), "read_gb_s": round(bandwidth / 1e9, 1),
-                         "sdpa_ms": round(1e3 * att, 1), "sdpa_kv_gb_s": round(read / att / 1e9, 1),
-                         "matmul_attention_ms": round(1e3 * grouped, 1), "matmul_kv_gb_s": round(read / grouped / 1e9, 1),
+                         **{f"{kernel}_ms": round(1e3 * t, 1) for kernel, (t, _) in seconds.items()},
+                         **{f"{kernel}_kv_gb_s": round(read / t / 1e9, 1) for kernel, (t, _) in seconds.items()},
                          "bound_tok_s": round(batch / (mm + read / bandwidth))})
             print(json.dumps(rows[-1]), flush=True)
     return rows

@@ -18,13 +18,16 @@ def test_the_linear_shapes_are_every_weight_a_decode_step_multiplies():
 
 def test_attention_reads_every_cached_key_and_value_once_a_layer():
     config = tiny_llama(layers=3).config
-    seconds, read = decode_roofline.attention_seconds(config, batch=2, context=5, dtype=torch.float32, rounds=1)
+    seconds, read = decode_roofline.attention_seconds(config, batch=2, context=5, dtype=torch.float32, rounds=1, kernel="bmm")
     per_layer = 2 * 2 * config.num_key_value_heads * 5 * decode_roofline.head_dim(config) * 4  # K and V, fp32
     assert read == 3 * per_layer and seconds > 0
 
 
-def test_grouped_attention_is_sdpas_decode_attention():
+def test_every_timed_kernel_is_the_same_decode_attention():
     torch.manual_seed(0)
     q, k, v = torch.randn(2, 4, 1, 8), torch.randn(2, 2, 5, 8), torch.randn(2, 2, 5, 8)  # 4 query heads on 2 key heads
-    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
-    torch.testing.assert_close(decode_roofline.grouped_attention(q, k, v), expected)
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)  # [B, H, 1, d]
+    for name, attend in decode_roofline.KERNELS.items():
+        out = attend(q, k, v)
+        out = out.transpose(1, 2) if name == "grouped_sdpa" else out  # the decoder's kernel returns HF's [B, 1, H, d]
+        torch.testing.assert_close(out, expected, msg=name)
