@@ -4,13 +4,14 @@
 
 One decode step of a batch of B replies, each over C tokens of context, must at least multiply B rows
 through every linear layer of the target (its lm_head included) and attend over B × C cached keys and
-values in every layer. This times the matmuls in the target's shapes and dtype, and the memory's read
-bandwidth (a sum over 1 GB); the matmuls plus the cached keys and values read at that bandwidth are a
+values in every layer. This times those linear layers in the target's shapes and dtype, and the memory's
+read bandwidth (a sum over 1 GB); the layers plus the cached keys and values read at that bandwidth are a
 lower bound on a step (no norms, rotary, attention arithmetic, sampling, scheduling or Python), so
 B / that sum bounds the reply tokens/s of any engine running the target here. Attention kernels are timed
-beside it, one query row a reply: torch's SDPA, our compiled decoder's grouped SDPA (a key/value head's query
-heads as its rows, eagle/compiled/grouped_attention.py) and the same as two batched matmuls. Medians of `rounds`; prints the bound, the
-matmuls' GFLOP/s and the GB/s of keys and values each way reads them.
+beside it, one query row a reply: torch's SDPA, our compiled decoder's grouped SDPA (a key/value head's
+query heads as its rows, eagle/compiled/grouped_attention.py) and the same as two batched matmuls.
+Medians of `rounds`; prints the bound, the linear layers' GFLOP/s and the GB/s at which each kernel reads
+the keys and values.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import torch.nn.functional as F
 from transformers import AutoConfig
 
 from eagle.common.precision import fast_dtype
-from eagle.compiled.grouped_attention import grouped_attention as decoder_attention
+from eagle.compiled.grouped_attention import grouped_attention
 from eagle.targets.resolve import resolve_target
 
 
@@ -50,7 +51,7 @@ def _median_seconds(run, rounds: int) -> float:
     return statistics.median(times)
 
 
-def matmul_seconds(shapes, batch: int, dtype: torch.dtype, rounds: int) -> tuple[float, float]:
+def linear_seconds(shapes, batch: int, dtype: torch.dtype, rounds: int) -> tuple[float, float]:
     """Seconds for one step's linear layers at `batch` rows, and the FLOPs they do."""
     pairs = [(torch.randn(batch, k, dtype=dtype), torch.randn(k, o, dtype=dtype), c) for k, o, c in shapes]
 
@@ -70,7 +71,7 @@ def read_bandwidth(rounds: int) -> float:
     return big.numel() * big.element_size() / _median_seconds(big.sum, rounds)
 
 
-def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+def bmm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Decode attention as two batched matmuls: the query rows sharing a key head become one matrix.
     q [B, H, 1, d], k and v [B, Hkv, C, d] -> [B, H, 1, d]."""
     b, h, _, d = q.shape
@@ -81,15 +82,15 @@ def grouped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torc
 
 KERNELS = {  # q [B, H, 1, d], k and v [B, Hkv, C, d] -> the attention's output
     "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
-    "grouped_sdpa": lambda q, k, v: decoder_attention(q, k, v, q.new_zeros(1, 1, 1, k.shape[2]), q.shape[-1] ** -0.5),
-    "bmm": grouped_attention,
+    "grouped_sdpa": lambda q, k, v: grouped_attention(q, k, v, q.new_zeros(1, 1, 1, k.shape[2]), q.shape[-1] ** -0.5),
+    "bmm": bmm_attention,
 }
 
 
 def attention_seconds(config, batch: int, context: int, dtype: torch.dtype, rounds: int,
                       kernel: str = "sdpa") -> tuple[float, float]:
     """Seconds for one step's attention (one query row per reply over `context` cached tokens, every layer)
-    with a kernel of KERNELS (torch's SDPA; our compiled decoder's grouped SDPA; `grouped_attention`), and the
+    with a kernel of KERNELS (torch's SDPA; our compiled decoder's grouped SDPA; `bmm_attention`), and the
     bytes of keys and values it reads."""
     heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, head_dim(config)
     q = torch.randn(batch, heads, 1, dim, dtype=dtype)  # [B, H, 1, d]
@@ -120,7 +121,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     bandwidth = read_bandwidth(args.rounds)
     rows = []
     for batch in (int(b) for b in args.batches.split(",")):
-        mm, flops = matmul_seconds(linear_shapes(config), batch, dtype, args.rounds)
+        mm, flops = linear_seconds(linear_shapes(config), batch, dtype, args.rounds)
         for context in (int(c) for c in args.contexts.split(",")):
             seconds = {kernel: attention_seconds(config, batch, context, dtype, args.rounds, kernel)
                        for kernel in KERNELS}
