@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +26,7 @@ from transformers import AutoConfig
 from eagle.common.precision import fast_dtype
 from eagle.compiled.grouped_attention import grouped_attention
 from eagle.targets.resolve import resolve_target
+from evaluation.thread_teams import median_ms
 
 
 def head_dim(config) -> int:
@@ -43,12 +42,7 @@ def linear_shapes(config) -> list[tuple[int, int, int]]:
 
 def _median_seconds(run, rounds: int) -> float:
     run()  # warm-up: first-call allocation and kernel selection
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return median_ms(run, rounds) / 1000
 
 
 def linear_seconds(shapes, batch: int, dtype: torch.dtype, rounds: int) -> tuple[float, float]:

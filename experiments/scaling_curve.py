@@ -118,8 +118,10 @@ def staged_points(out: Path, scores: dict, known_rereads: frozenset = frozenset(
         arch = json.loads((Path(head) / "config.json").read_text()).get("architecture", "head")
         seen = {}  # store (or data) -> tokens, in stage order: a later pass over the same data adds no tokens
         for stage in stages:
-            if not named(stage.data, known_rereads) and not rereads(stage.data, seen):
-                for part, tokens in made_of(stage.data, stage.tokens):
+            folder = store_of(stage.data)
+            source = _source(folder)  # its manifest's, read once a stage
+            if not named(stage.data, known_rereads) and not rereads(source, seen):
+                for part, tokens in made_of(folder or stage.data, stage.tokens, source):
                     seen.setdefault(part, tokens)
         found.append(Point(f"{arch} in stages ({judge})", stages[0].data.split(" (")[0], sum(seen.values()),
                            sum(s.steps for s in stages), {k: judged.get(k) for k in JUDGES}, out))
@@ -145,27 +147,24 @@ def _source(folder: Path | None) -> dict:
     return (manifest or {}).get("source") or {}
 
 
-def made_of(data: str, tokens: int) -> list[tuple[Path | str, int]]:
-    """(store folder, tokens) of every store a stage's store holds: those a store merged by
-    `data_prep.merge_stores` links (recursively), else the store itself (its data where it names no folder)."""
-    folder = store_of(data)
-    if folder is None:
-        return [(data, tokens)]
-
-    def leaves(folder: Path, tokens: int, source: dict) -> list[tuple[Path | str, int]]:
-        if not source.get("merged"):
-            return [(folder, tokens)]
-        return [leaf for m in source["merged"] for leaf in leaves(
-            Path(m["store"]).expanduser(), m.get("tokens") or (read_manifest(Path(m["store"])) or {}).get("tokens", 0),
-            m.get("source") or {})]
-
-    return leaves(folder, tokens, _source(folder))
+def made_of(store: Path | str, tokens: int, source: dict) -> list[tuple[Path | str, int]]:
+    """(store folder, tokens) of every store a stage's store (its folder, or its data where it names none) holds:
+    those a store merged by `data_prep.merge_stores` links (recursively, `source` being the store's manifest's),
+    else the store itself."""
+    if not source.get("merged"):
+        return [(store, tokens)]
+    leaves = []
+    for m in source["merged"]:
+        linked = Path(m["store"]).expanduser()
+        leaves += made_of(linked, m.get("tokens") or (read_manifest(linked) or {}).get("tokens", 0),
+                          m.get("source") or {})
+    return leaves
 
 
-def rereads(data: str, seen: dict) -> bool:
-    """Is this stage's store built only from files inside stores of earlier stages (e.g. their `regenerated/`
-    replies gathered into one store)? Then its tokens are not new. Read from the store's manifest where it exists."""
-    files = [f.strip() for f in str(_source(store_of(data)).get("data", "")).split(",") if f.strip()]
+def rereads(source: dict, seen: dict) -> bool:
+    """Is a stage's store (`source`: its manifest's) built only from files inside stores of earlier stages (e.g.
+    their `regenerated/` replies gathered into one store)? Then its tokens are not new."""
+    files = [f.strip() for f in str(source.get("data", "")).split(",") if f.strip()]
     earlier = [d for d in seen if isinstance(d, Path)]
     return bool(files) and all(any(Path(f).expanduser().is_relative_to(d) for d in earlier) for f in files)
 
