@@ -39,7 +39,7 @@ class RegenConfig:
     max_turns: int = 3  # user turns answered per conversation
     temperature: float = 0.0
     top_p: float = 1.0
-    batch_size: int = 16  # prompts per batch of our own decoding (engine=ours)
+    batch_size: int = 256  # replies our own engine writes at once (engine=ours): its KV-cache slots
     engine: str = "auto"  # auto | vllm | openai | ours (data_prep/reply_engines.py)
     url: str | None = None  # an OpenAI-compatible server (engine=openai), e.g. http://localhost:8000/v1
     served_model: str | None = None  # its model name (default: the first it lists)
@@ -50,7 +50,8 @@ class RegenConfig:
     def reply_settings(self) -> dict:
         """The settings that decide what the replies say (a store's key): not the engine that writes them,
         which, like the number of ranks, only changes how fast."""
-        return {k: getattr(self, k) for k in ("max_new_tokens", "max_turns", "temperature", "top_p", "batch_size")}
+        # batch_size: 16 whatever it is, so that stores keep their keys: replies do not depend on it
+        return {**{k: getattr(self, k) for k in ("max_new_tokens", "max_turns", "temperature", "top_p")}, "batch_size": 16}
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,8 @@ read bandwidth (a sum over 1 GB); the layers plus the cached keys and values rea
 lower bound on a step (no norms, rotary, attention arithmetic, sampling, scheduling or Python), so
 B / that sum bounds the reply tokens/s of any engine running the target here. Attention kernels are timed
 beside it, one query row a reply: torch's SDPA, our compiled decoder's grouped SDPA (a key/value head's
-query heads as its rows, eagle/compiled/grouped_attention.py) and the same as two batched matmuls.
+query heads as its rows, eagle/compiled/grouped_attention.py), the same as two batched matmuls, and our
+batched reply engine's C++ kernel (data_prep/slot_attention.py).
 Medians of `rounds`; prints the bound, the linear layers' GFLOP/s and the GB/s at which each kernel reads
 the keys and values.
 """
@@ -23,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig
 
+from data_prep.slot_attention import slot_decode
 from eagle.common.precision import fast_dtype
 from eagle.compiled.grouped_attention import grouped_attention
 from eagle.targets.resolve import resolve_target
@@ -74,17 +76,27 @@ def bmm_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Te
     return (weights @ v).view(b, h, 1, d)
 
 
+def slot_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Our batched reply engine's decode attention (data_prep/slot_attention.py): each reply in its own slot
+    of the cache, here the whole of k and v (its last position rewritten with itself). -> [B, H, 1, d]."""
+    b, context = q.shape[0], k.shape[2]
+    out = slot_decode(q[:, :, 0].contiguous(), k[:, :, -1].contiguous(), v[:, :, -1].contiguous(), k, v,
+                      torch.arange(b), torch.full((b,), context), q.shape[-1] ** -0.5, 0, 0.0)
+    return out[:, :, None]
+
+
 KERNELS = {  # q [B, H, 1, d], k and v [B, Hkv, C, d] -> the attention's output
     "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
     "grouped_sdpa": lambda q, k, v: grouped_attention(q, k, v, q.new_zeros(1, 1, 1, k.shape[2]), q.shape[-1] ** -0.5),
     "bmm": bmm_attention,
+    "slots": slot_attention_kernel,
 }
 
 
 def attention_seconds(config, batch: int, context: int, dtype: torch.dtype, rounds: int,
                       kernel: str = "sdpa") -> tuple[float, float]:
     """Seconds for one step's attention (one query row per reply over `context` cached tokens, every layer)
-    with a kernel of KERNELS (torch's SDPA; our compiled decoder's grouped SDPA; `bmm_attention`), and the
+    with a kernel of KERNELS (torch's SDPA; our compiled decoder's grouped SDPA; `bmm_attention`; our engine's), and the
     bytes of keys and values it reads."""
     heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, head_dim(config)
     q = torch.randn(batch, heads, 1, dim, dtype=dtype)  # [B, H, 1, d]

@@ -25,7 +25,6 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
-from data_prep.batched_decoding import left_pad
 from data_prep.conversations import read_conversations
 from data_prep.data_config import prep_config
 from data_prep.regenerate import ReplyGenerator
@@ -33,6 +32,17 @@ from data_prep.reply_engines import open_engine, stop_ids
 from data_prep.resolvers import register_resolvers
 from eagle.targets.resolve import load_target, resolve_target
 from eagle.targets.tokenizer import load_tokenizer
+
+
+def left_pad(prompts: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token ids [B, W] right-aligned to the longest prompt, and their attention mask [B, W]."""
+    width = max(len(p) for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    attn = torch.zeros_like(ids)
+    for row, p in enumerate(prompts):
+        ids[row, width - len(p):] = torch.tensor(p)
+        attn[row, width - len(p):] = 1
+    return ids, attn
 
 
 def hf_generate(model, tok, prompts: list[list[int]], max_new: int, batch: int, ends: set[int]) -> list[str]:
@@ -73,12 +83,13 @@ def main(cfg: DictConfig) -> None:
     prompts = first_turn_prompts(cfg, tok, n, max_new)
     model = load_target(target_dir, cfg.model.dtype)
     ends = set(stop_ids(target_dir, tok))
-    methods = {}
+    methods, engines = {}, []
     if cfg.get("hf", True) and not whole:  # +hf=false: the engines alone (HF generate takes minutes per 64 prompts)
         methods["hf_generate"] = lambda: hf_generate(model, tok, prompts, max_new, regen.batch_size, ends)
     for name in str(cfg.get("engines", "ours,vllm")).split(","):
         start = time.perf_counter()
         engine = open_engine(replace(regen, engine=name), target_dir, cfg.model.dtype, tok, max_len, threads)
+        engines.append(engine)
         print(json.dumps({"engine": name, "startup_seconds": round(time.perf_counter() - start, 1)}), flush=True)
         generator = ReplyGenerator(engine, tok, regen, max_len)
         if whole:
@@ -106,6 +117,8 @@ def main(cfg: DictConfig) -> None:
         summary.update({f"{m}_replies_equal_hf": sum(a == b for a, b in zip(replies["hf_generate"], replies[m]))
                         for m in methods})
     print(json.dumps(summary))
+    for engine in engines:
+        engine.close()  # vLLM's worker ends; ours logs its prompt tokens prefilled and reused
 
 
 if __name__ == "__main__":

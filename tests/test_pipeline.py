@@ -183,35 +183,6 @@ def test_a_glob_that_finds_one_more_file_is_another_store(tiny_dir, chats, tmp_p
         tiny_dir, chats, tmp_path / "s", **{"data.source": str(chats)})))
 
 
-def test_batched_replies_match_one_by_one_greedy_as_rows_end(tiny_dir):
-    """The batched generator drops a row from the batch and its cache when it ends; the rows left
-    keep decoding exactly as they would alone (fp32, greedy), whatever their prompt lengths."""
-    from omegaconf import OmegaConf
-
-    from data_prep.batched_decoding import BatchedDecoding
-    from data_prep.regenerate import ReplyGenerator
-
-    tok = load_tokenizer(tiny_dir)
-    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
-    prompts = [tok(text)["input_ids"] for text in ("a", "the cat sat on", "one two three four five six", "x y")]
-    alone = [model.generate(torch.tensor([p]), max_new_tokens=12, do_sample=False)[0, len(p):].tolist()
-             for p in prompts]
-    stops = {alone[0][2], alone[1][6]}  # rows end at different steps (some may run to the budget)
-    regen = OmegaConf.create({"max_new_tokens": 12, "temperature": 0.0, "top_p": 1.0, "batch_size": 4})
-    engine = BatchedDecoding(model, tok, regen, max_len=64)
-    engine.eos_ids = stops
-    generator = ReplyGenerator(engine, tok, regen, max_len=64)
-    expected = []
-    for reply in alone:
-        end = next((j for j, t in enumerate(reply) if t in stops), len(reply))
-        expected.append(tok.decode(reply[:end], skip_special_tokens=True).strip())
-    assert sum(len(e) < len(tok.decode(a, skip_special_tokens=True).strip()) for e, a in zip(expected, alone)) >= 2
-    sizes = []
-    model.register_forward_pre_hook(lambda m, args, kw: sizes.append(kw["input_ids"].shape[0]), with_kwargs=True)
-    assert generator.decode_batch(prompts) == expected
-    assert sizes[0] == 4 and sizes[-1] < 4 and sizes == sorted(sizes, reverse=True)  # ended rows left the batch
-
-
 @pytest.mark.slow
 def test_two_ranks_split_shards_and_merge(tiny_dir, chats, tmp_path):
     import os

@@ -31,15 +31,18 @@ QUESTIONS = ["Name three rivers of Europe.", "What is two plus two?", "Explain h
 GREEDY = RegenConfig(max_new_tokens=10, temperature=0.0, batch_size=3)
 
 
-def test_auto_picks_a_server_then_vllm_then_our_decoding(monkeypatch, tmp_path):
+def test_auto_picks_a_server_then_ours_on_a_cpu_else_vllm(monkeypatch, tmp_path):
     monkeypatch.setattr(reply_engines.importlib.util, "find_spec", lambda name: None)
     monkeypatch.setattr(reply_engines, "CONSUMER_VLLM", tmp_path / "absent" / "python")
+    monkeypatch.setattr("eagle.targets.resolve.local_device", lambda: torch.device("cuda", 0))
     assert reply_engines.engine_name(RegenConfig()) == "ours"
     assert reply_engines.engine_name(RegenConfig(url="http://localhost:8000/v1")) == "openai"
     venv_python = tmp_path / "python"
     venv_python.touch()
     monkeypatch.setattr(reply_engines, "CONSUMER_VLLM", venv_python)
     assert reply_engines.engine_name(RegenConfig()) == "vllm"
+    monkeypatch.setattr("eagle.targets.resolve.local_device", lambda: torch.device("cpu"))
+    assert reply_engines.engine_name(RegenConfig()) == "ours"
     assert reply_engines.vllm_python(RegenConfig()) == str(venv_python)
     assert reply_engines.engine_name(RegenConfig(engine="ours")) == "ours"
     with pytest.raises(ValueError, match="data.regen.engine='hf': choose one of auto, vllm, openai, ours"):
