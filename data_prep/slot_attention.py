@@ -42,6 +42,7 @@ def kernel():
     """The C++ extension (built once per source and machine), or None where it cannot be built."""
     from torch.utils import cpp_extension
 
+    log.info("ours: loading the attention kernel (%s; built at a machine's first use, ~20 s)", SOURCE.name)
     try:
         return cpp_extension.load("eagle_slot_attention", [str(SOURCE)], extra_cflags=FLAGS,
                                     extra_ldflags=["-fopenmp"], verbose=False)
