@@ -153,7 +153,7 @@ def main(cfg: DictConfig) -> None:
     asker = ReplyGenerator(engine, tok, asking, prep.model.max_len, seed=prep.seed * CHUNK_SEEDS)
     replier = ReplyGenerator(engine, tok, regen, prep.model.max_len, seed=(prep.seed + 1) * CHUNK_SEEDS)
     try:
-        batch = regen.batch_size if engine.name == "ours" else max(regen.batch_size, 256)  # an engine batches itself
+        batch = max(regen.batch_size, 256)  # questions asked a round: every engine batches them itself
         questions = sample_questions(asker, n, batch, openers=read_openers(cfg.get("openers")))
         chats = answer(replier, questions)
         for _ in range(int(cfg.get("turns", 1)) - 1):

@@ -1,18 +1,18 @@
-// One decode step of attention for a batch of replies, each in its own slot of a KV cache
+// One step of attention for the rows of our batched reply engine, each row in a slot of a KV cache
 // (data_prep/slot_attention.py builds and calls it; data_prep/batched_decoding.py is the engine).
 //
 //   slot_decode(q [B, H, D], k [B, Hk, D], v [B, Hk, D], k_cache [S, Hk, T, D], v_cache [S, Hk, T, D],
 //               slots [B] int64, lengths [B] int64, scale, window, softcap) -> [B, H, D]
 //
-// Every row b writes its key and value at position lengths[b] - 1 of slot slots[b]; then each row's H
-// query heads attend over its slot's positions [max(0, lengths[b] - window), lengths[b]) (window 0:
-// all; softcap > 0: scores soft-capped as Gemma 2's are). Rows are tokens: a reply's next token, or one of a prompt's tokens, several rows of one slot
-// at consecutive positions, each seeing the ones before it. The Hk key/value heads are shared by
-// G = H / Hk query heads each. One task per (row, key/value head): its keys are read once for all G
-// heads, and its values once. fp32 arithmetic, fp32 or bf16 storage.
-// On a CPU with AVX512-BF16, bf16 rows whose head size is a multiple of 32 (up to 128) take dot
-// products in bf16 pairs and add values in 16-lane fp32 registers; every other case runs the
-// portable loops, which the compiler vectorizes.
+// Every row b first writes its key and value at position lengths[b] - 1 of slot slots[b]; then each
+// row's H query heads attend over its slot's positions [max(0, lengths[b] - window), lengths[b])
+// (window 0: all; softcap > 0: scores soft-capped as Gemma 2's are). Rows are tokens: a reply's next
+// token, or a prompt's tokens, several rows of one slot at consecutive positions, each seeing the
+// ones before it. The Hk key/value heads are shared by G = H / Hk query heads each. One task per
+// (row, key/value head), handed to the threads as they free up: its keys are read once for all G
+// heads, and its values once. fp32 arithmetic, fp32 or bf16 storage. On a CPU with AVX512-BF16,
+// bf16 rows whose head size is a multiple of 32 (up to 128) take dot products in bf16 pairs and add
+// values in 16-lane fp32 registers; every other case runs portable loops, which the compiler vectorizes.
 
 #include <torch/extension.h>
 
@@ -41,7 +41,7 @@ inline void store(at::BFloat16* out, float x) { *out = at::BFloat16(x); }  // ro
 
 struct Task {  // one (row, key/value head): where its queries, keys and values live
   const float* q;   // [G, D] fp32 (exact for bf16 queries)
-  const void* keys;  // [n, D] at stride ks2 elements, from the first visible position
+  const void* keys;  // [n, D] at `stride` elements a position, from the first visible one
   const void* values;
   int64_t n;         // visible positions
   int64_t stride;    // elements between positions
