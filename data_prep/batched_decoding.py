@@ -16,8 +16,8 @@ of a preallocated cache (data_prep/slot_attention.py):
   after the common prefix are read. A request whose key (the conversation) last ended in a free slot
   takes it ahead of the queue; others take the slot freed longest ago, in queue order.
 - **A compiled step.** One graph serves every step (`torch.compile` with dynamic shapes; ~50 s at
-  its first step on a machine, then read from inductor's disk cache): it fuses the norms, rotary
-  embeddings and activations between HF's matmuls, ~10 % of a step.
+  its first step on a machine; a later process traces it and reads it from inductor's disk cache in
+  ~25 s): it fuses the norms, rotary embeddings and activations between HF's matmuls, ~10 % of a step.
 
 Greedy replies equal the target's greedy decoding of each prompt alone (up to bf16 near-ties); a sampled
 reply draws from its own generator, seeded with its request's seed, so it does not depend on the batch.
