@@ -20,7 +20,9 @@ used as it is (its rotary embeddings at our positions, then this function instea
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import platform
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -37,15 +39,26 @@ SOURCE = Path(__file__).resolve().parent / "csrc" / "slot_attention.cpp"
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]  # OpenMP: the kernel's threads, in torch's libgomp
 
 
+def cpu_key() -> str:
+    """A digest of this CPU's model and instruction sets: a `-march=native` build is loaded only where it was built
+    (a home folder shared by different nodes would otherwise hand one node's binary to another)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        lines = [platform.processor()]
+    wanted = [line for line in lines if line.startswith(("model name", "flags"))][:2] or lines[:1]
+    return hashlib.sha256("\n".join(wanted).encode()).hexdigest()[:10]
+
+
 @cache
 def kernel():
-    """The C++ extension (built once per source and machine), or None where it cannot be built."""
+    """The C++ extension (built once per source and CPU kind), or None where it cannot be built."""
     from torch.utils import cpp_extension
 
     log.info("ours: loading the attention kernel (%s; built at a machine's first use, ~20 s)", SOURCE.name)
     try:
-        return cpp_extension.load("eagle_slot_attention", [str(SOURCE)], extra_cflags=FLAGS,
-                                    extra_ldflags=["-fopenmp"], verbose=False)
+        return cpp_extension.load(f"eagle_slot_attention_{cpu_key()}", [str(SOURCE)], extra_cflags=FLAGS,
+                                  extra_ldflags=["-fopenmp"], verbose=False)
     except Exception as error:  # no compiler, or a failed build: the torch path is exact, only slower
         log.warning("slot attention kernel not built (%s); decoding with torch's kernels", str(error).splitlines()[0])
         return None
