@@ -78,10 +78,10 @@ class ReplyGenerator:
                ) -> Iterator[tuple[int, list[Conversation]]]:
         """Every assistant turn of the chunks (up to regen.max_turns per conversation) answered anew; each chunk
         is yielded, in input order without the conversations left with no reply, once all of its conversations
-        are done. Up to regen.concurrency conversations are in flight, taken in chunk order, and a
-        conversation's next turn goes to the engine as soon as its last is answered: the engine's batch
-        stays full across turns and chunks. Turn t of conversation i of chunk k samples with
-        seeds[k] + i * max_turns + t, whatever the engine's order."""
+        are done. Up to regen.concurrency conversations are in flight, taken chunk by chunk, the most turns first
+        (`Conversations.keys`), and a conversation's next turn goes to the engine as soon as its last is
+        answered: the engine's batch stays full across turns and chunks. Turn t of conversation i of chunk k
+        samples with seeds[k] + i * max_turns + t, whatever the engine's order."""
         talks = Conversations(chunks, int(self.regen.max_turns))
         waiting = deque(talks.keys())
         bar = tqdm(total=talks.turns, unit="turn", desc=f"regenerate ({self.engine.name})", dynamic_ncols=True,
@@ -167,7 +167,14 @@ class Conversations:
         self.turns = sum(len(u) for u in self.users.values())
 
     def keys(self) -> list[tuple[int, int]]:
-        return list(self.users)
+        """Chunk by chunk, the conversations with the most turns first, then the longest original replies: the
+        sequential work starts early, and the last conversations to start are short, so the engine's batch does
+        not drain into a tail of a few long conversations (a chunk is written once all of its are done)."""
+        def work(key: tuple[int, int]) -> tuple[int, int, int]:
+            k, i = key
+            replies = [m for m in self.chunks[k][i].messages if m["role"] == "assistant"][:len(self.users[key])]
+            return k, -len(self.users[key]), -sum(len(str(m["content"])) for m in replies)
+        return sorted(self.users, key=work)
 
     def answered(self, key: tuple[int, int]) -> int:
         return sum(m["role"] == "assistant" for m in self.done[key])

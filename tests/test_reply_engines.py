@@ -21,7 +21,7 @@ from data_prep import reply_engines
 from data_prep.batched_decoding import BatchedDecoding
 from data_prep.conversations import Conversation
 from data_prep.data_config import RegenConfig
-from data_prep.regenerate import ReplyGenerator
+from data_prep.regenerate import Conversations, ReplyGenerator
 from data_prep.reply_requests import generate
 from eagle.common.child_process import process_stats, process_tree
 from eagle.targets.tokenizer import load_tokenizer
@@ -115,6 +115,18 @@ def test_conversations_stream_turn_by_turn_and_chunks_come_out_whole(tiny_dir):
     second_turn = next(r for r in engine.seen if r.key == (2, 1) and r.seed == 1003)
     assert "reply 2.1 seed 1002" in tok.decode(second_turn.prompt)
     assert sorted(r.seed for r in engine.seen) == [1000, 1001, 1002, 1003, 1004, 1005, 2000, 2001, 2004, 2005]
+
+
+def test_conversations_start_chunk_by_chunk_with_the_most_turns_and_longest_replies_first():
+    """The sequential work starts early, so the batch does not end on a tail of a few long conversations."""
+    user, old = (lambda text: {"role": "user", "content": text}), (lambda n: {"role": "assistant", "content": "x" * n})
+    chunks = {0: [Conversation(0, "one-short", [user("a"), old(5)]),
+                  Conversation(1, "two", [user("a"), old(5), user("b"), old(5)]),
+                  Conversation(2, "one-long", [user("a"), old(500)]),
+                  Conversation(3, "four-cut-to-two", [user("a"), old(1), user("b"), old(1), user("c"), user("d")])],
+              1: [Conversation(4, "late-three", [user("a"), user("b"), user("c")])]}
+    talks = Conversations(chunks, max_turns=2)
+    assert talks.keys() == [(0, 1), (0, 3), (0, 2), (0, 0), (1, 0)]
 
 
 def prompts_of(tok) -> list[list[int]]:

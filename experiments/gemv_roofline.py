@@ -1,0 +1,85 @@
+"""`python -m experiments.gemv_roofline`: how fast a decode step's linear layers can read their weights here.
+
+    python -m experiments.gemv_roofline smollm2-135m-instruct --threads 2 --rows 1,2,4
+
+A decode step at batch size 1 (a plain step, or a verify of a few draft tokens) multiplies 1-4 rows through
+every linear layer of the target: it reads all the weights once, so it is bound by the memory's bandwidth,
+not by arithmetic. This times those layers in the target's shapes (a weight of its own per layer, as in the
+model, so none stays in cache) with torch's eager bf16 `F.linear` (our compiled decoder's graphs lower theirs
+to inductor's C++ GEMM template, no faster here: a plain step, 18.4 ms at 2 threads on a Zen 4 CPU, reads the
+weights at 14.6 GB/s), and with a plain AVX512-BF16 kernel that streams each weight once
+(experiments/csrc/gemv_bf16.cpp, built at first use), beside the memory's read bandwidth
+(experiments/decode_roofline.py). Prints, per row count, each one's milliseconds and the GB/s at which it
+read the weights; checks the kernel's output against torch's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from transformers import AutoConfig
+
+from data_prep.slot_attention import cpu_key
+from eagle.targets.resolve import resolve_target
+from evaluation.thread_teams import median_ms
+from experiments.decode_roofline import linear_shapes, read_bandwidth
+
+SOURCE = Path(__file__).resolve().parent / "csrc" / "gemv_bf16.cpp"
+
+
+def gemv_kernel():
+    """The kernel's extension (built into torch's extensions cache at first use, ~15 s)."""
+    from torch.utils import cpp_extension
+
+    return cpp_extension.load(f"eagle_gemv_bf16_{cpu_key()}", [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
+                              extra_ldflags=["-fopenmp"])  # named by the CPU, as -march=native binaries must be
+
+
+def layer_weights(config) -> list[torch.Tensor]:
+    """One bf16 weight [out, in] per linear layer of a decode step (every layer's, and the lm_head)."""
+    return [torch.randn(o, i, dtype=torch.bfloat16) * i**-0.5 for i, o, count in linear_shapes(config)
+            for _ in range(count)]
+
+
+def step_ms(weights: list[torch.Tensor], rows: int, linear, rounds: int) -> float:
+    """Milliseconds for `rows` rows through every weight with `linear(x, w)`."""
+    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=torch.bfloat16) for w in weights}
+
+    def run():
+        for w in weights:
+            linear(inputs[w.shape[1]], w)
+
+    run()
+    return median_ms(run, rounds)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    p = argparse.ArgumentParser(prog="python -m experiments.gemv_roofline", description=__doc__.splitlines()[0])
+    p.add_argument("target", nargs="?", default="smollm2-135m-instruct", help="a target name or folder")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--rows", default="1,2,4", help="rows a step multiplies (1-4)")
+    p.add_argument("--rounds", type=int, default=7)
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    kernel = gemv_kernel()
+    weights = layer_weights(AutoConfig.from_pretrained(resolve_target(args.target)))
+    x = torch.randn(3, weights[0].shape[1], dtype=torch.bfloat16)
+    torch.testing.assert_close(kernel.gemv(x, weights[0]).float(), F.linear(x, weights[0]).float(), rtol=0.02, atol=0.02)
+    size = sum(w.numel() * w.element_size() for w in weights)
+    bandwidth = read_bandwidth(args.rounds)
+    out = []
+    for rows in (int(r) for r in args.rows.split(",")):
+        ms = {"torch": step_ms(weights, rows, F.linear, args.rounds), "gemv": step_ms(weights, rows, kernel.gemv, args.rounds)}
+        out.append({"rows": rows, "threads": args.threads, "weights_mb": round(size / 1e6),
+                    "read_gb_s": round(bandwidth / 1e9, 1), **{f"{k}_ms": round(v, 1) for k, v in ms.items()},
+                    **{f"{k}_gb_s": round(size / v / 1e6, 1) for k, v in ms.items()}})
+        print(json.dumps(out[-1]), flush=True)
+    return out
+
+
+if __name__ == "__main__":
+    main()
