@@ -11,12 +11,19 @@ weights at 14.6 GB/s), and with a plain AVX512-BF16 kernel that streams each wei
 (experiments/csrc/gemv_bf16.cpp, built at first use), beside the memory's read bandwidth
 (experiments/decode_roofline.py). Prints, per row count, each one's milliseconds and the GB/s at which it
 read the weights; checks the kernel's output against torch's.
+
+`--decode torch|gemv` times our compiled plain decoding instead (`EaModel.naivegenerate`, 64 greedy tokens of a
+chat prompt, bf16), with the target's bias-free linear layers as they are or through the kernel (an op of its own
+for 1-4 rows, torch's `F.linear` for more); one mode a process, so run the two alternately:
+
+    for m in gemv torch gemv torch; do python -m experiments.gemv_roofline --threads 2 --decode $m; done
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from functools import cache
 from pathlib import Path
 
 import torch
@@ -31,6 +38,7 @@ from experiments.decode_roofline import linear_shapes, read_bandwidth
 SOURCE = Path(__file__).resolve().parent / "csrc" / "gemv_bf16.cpp"
 
 
+@cache
 def gemv_kernel():
     """The kernel's extension (built into torch's extensions cache at first use, ~15 s)."""
     from torch.utils import cpp_extension
@@ -57,14 +65,52 @@ def step_ms(weights: list[torch.Tensor], rows: int, linear, rounds: int) -> floa
     return median_ms(run, rounds)
 
 
+@torch.library.custom_op("experiments::gemv_linear", mutates_args=())
+def gemv_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [..., I] @ w [O, I]^T: the kernel for 1-4 bf16 rows, torch's linear otherwise."""
+    rows = x.numel() // x.shape[-1]
+    if rows > 4 or x.dtype != torch.bfloat16 or x.shape[-1] % 32:
+        return F.linear(x, w)
+    return gemv_kernel().gemv(x.reshape(rows, x.shape[-1]).contiguous(), w).reshape(*x.shape[:-1], w.shape[0])
+
+
+@gemv_linear.register_fake
+def _(x, w):
+    return x.new_empty(*x.shape[:-1], w.shape[0])
+
+
+def decode(target: str, head: str, mode: str, tokens: int = 64) -> dict:
+    """ms a token of compiled plain decoding, the target's linears through `mode` (torch | gemv), and its tokens."""
+    from eagle.model import EaModel
+    from eagle.targets.tokenizer import load_tokenizer
+
+    model = EaModel.from_pretrained(target, head, torch_dtype=torch.bfloat16, background=False, quiet=True)
+    if mode == "gemv":
+        for layer in model.target.modules():
+            if isinstance(layer, torch.nn.Linear) and layer.bias is None:
+                layer.forward = lambda x, w=layer.weight: gemv_linear(x, w)
+    chat = [{"role": "user", "content": "Write a short story about a robot who learns to paint, with three characters."}]
+    ids = torch.tensor([load_tokenizer(resolve_target(target)).apply_chat_template(
+        chat, add_generation_prompt=True, tokenize=True, return_dict=False)])
+    model.naivegenerate(ids, max_new_tokens=tokens)  # compiles
+    ms = median_ms(lambda: model.naivegenerate(ids, max_new_tokens=tokens), 3) / tokens
+    out = model.naivegenerate(ids, max_new_tokens=tokens)[0, ids.shape[1]:].tolist()
+    return {"decode": mode, "ms_per_token": round(ms, 2), "tokens": out}
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(prog="python -m experiments.gemv_roofline", description=__doc__.splitlines()[0])
     p.add_argument("target", nargs="?", default="smollm2-135m-instruct", help="a target name or folder")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rows", default="1,2,4", help="rows a step multiplies (1-4)")
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--decode", choices=("torch", "gemv"), help="time compiled plain decoding instead (see above)")
+    p.add_argument("--head", default="checkpoints/eagle3-smollm2-135m-instruct", help="any head of the target (--decode)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
+    if args.decode:
+        print(json.dumps(decode(args.target, args.head, args.decode)), flush=True)
+        return []
     kernel = gemv_kernel()
     weights = layer_weights(AutoConfig.from_pretrained(resolve_target(args.target)))
     x = torch.randn(3, weights[0].shape[1], dtype=torch.bfloat16)
