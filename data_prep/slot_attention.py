@@ -50,15 +50,21 @@ def cpu_key() -> str:
     return hashlib.sha256("\n".join(wanted).encode()).hexdigest()[:10]
 
 
-@cache
-def kernel():
-    """The C++ extension (built once per source and CPU kind), or None where it cannot be built."""
+def native_extension(stem: str, source: Path):
+    """A C++ extension built for this CPU (`-march=native`, OpenMP) into torch's extensions cache, once per source
+    and CPU kind: named `stem` and `cpu_key()`. Raises where it cannot be built."""
     from torch.utils import cpp_extension
 
+    return cpp_extension.load(f"{stem}_{cpu_key()}", [str(source)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                              verbose=False)
+
+
+@cache
+def kernel():
+    """The attention kernel's extension, or None where it cannot be built."""
     log.info("ours: loading the attention kernel (%s; built at a machine's first use, ~20 s)", SOURCE.name)
     try:
-        return cpp_extension.load(f"eagle_slot_attention_{cpu_key()}", [str(SOURCE)], extra_cflags=FLAGS,
-                                  extra_ldflags=["-fopenmp"], verbose=False)
+        return native_extension("eagle_slot_attention", SOURCE)
     except Exception as error:  # no compiler, or a failed build: the torch path is exact, only slower
         log.warning("slot attention kernel not built (%s); decoding with torch's kernels", str(error).splitlines()[0])
         return None

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig
 
-from data_prep.slot_attention import cpu_key
+from data_prep.slot_attention import native_extension
 from eagle.targets.resolve import resolve_target
 from evaluation.thread_teams import median_ms
 from experiments.decode_roofline import linear_shapes, read_bandwidth
@@ -40,11 +40,8 @@ SOURCE = Path(__file__).resolve().parent / "csrc" / "gemv_bf16.cpp"
 
 @cache
 def gemv_kernel():
-    """The kernel's extension (built into torch's extensions cache at first use, ~15 s)."""
-    from torch.utils import cpp_extension
-
-    return cpp_extension.load(f"eagle_gemv_bf16_{cpu_key()}", [str(SOURCE)], extra_cflags=["-O3", "-march=native", "-fopenmp"],
-                              extra_ldflags=["-fopenmp"])  # named by the CPU, as -march=native binaries must be
+    """The kernel's extension (built at first use, ~15 s, as the reply engine's attention kernel is)."""
+    return native_extension("eagle_gemv_bf16", SOURCE)
 
 
 def layer_weights(config) -> list[torch.Tensor]:
