@@ -20,9 +20,7 @@ used as it is (its rotary embeddings at our positions, then this function instea
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import platform
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cache
@@ -32,31 +30,12 @@ import torch
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from eagle.common.native_build import native_extension
+
 log = logging.getLogger("data_prep")
 NAME = "eagle_slots"  # the attention implementation this file registers
 KWARG = "eagle_slots"  # the keyword a forward passes its SlotCall with
 SOURCE = Path(__file__).resolve().parent / "csrc" / "slot_attention.cpp"
-FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]  # OpenMP: the kernel's threads, in torch's libgomp
-
-
-def cpu_key() -> str:
-    """A digest of this CPU's model and instruction sets: a `-march=native` build is loaded only where it was built
-    (a home folder shared by different nodes would otherwise hand one node's binary to another)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        lines = [platform.processor()]
-    wanted = [line for line in lines if line.startswith(("model name", "flags"))][:2] or lines[:1]
-    return hashlib.sha256("\n".join(wanted).encode()).hexdigest()[:10]
-
-
-def native_extension(stem: str, source: Path):
-    """A C++ extension built for this CPU (`-march=native`, OpenMP) into torch's extensions cache, once per source
-    and CPU kind: named `stem` and `cpu_key()`. Raises where it cannot be built."""
-    from torch.utils import cpp_extension
-
-    return cpp_extension.load(f"{stem}_{cpu_key()}", [str(source)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-                              verbose=False)
 
 
 @cache

@@ -23,25 +23,16 @@ from __future__ import annotations
 
 import argparse
 import json
-from functools import cache
-from pathlib import Path
+import os
 
 import torch
 import torch.nn.functional as F
 from transformers import AutoConfig
 
-from data_prep.slot_attention import native_extension
+from eagle.compiled import gemv
 from eagle.targets.resolve import resolve_target
 from evaluation.thread_teams import median_ms
 from experiments.decode_roofline import linear_shapes, read_bandwidth
-
-SOURCE = Path(__file__).resolve().parent / "csrc" / "gemv_bf16.cpp"
-
-
-@cache
-def gemv_kernel():
-    """The kernel's extension (built at first use, ~15 s, as the reply engine's attention kernel is)."""
-    return native_extension("eagle_gemv_bf16", SOURCE)
 
 
 def layer_weights(config) -> list[torch.Tensor]:
@@ -62,18 +53,9 @@ def step_ms(weights: list[torch.Tensor], rows: int, linear, rounds: int) -> floa
     return median_ms(run, rounds)
 
 
-@torch.library.custom_op("experiments::gemv_linear", mutates_args=())
-def gemv_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [..., I] @ w [O, I]^T: the kernel for 1-4 bf16 rows, torch's linear otherwise."""
-    rows = x.numel() // x.shape[-1]
-    if rows > 4 or x.dtype != torch.bfloat16 or x.shape[-1] % 32:
-        return F.linear(x, w)
-    return gemv_kernel().gemv(x.reshape(rows, x.shape[-1]).contiguous(), w).reshape(*x.shape[:-1], w.shape[0])
-
-
-@gemv_linear.register_fake
-def _(x, w):
-    return x.new_empty(*x.shape[:-1], w.shape[0])
+def kernel_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """x [M, I] @ w [O, I]^T through the kernel at any M."""
+    return torch.ops.eagle.gemv_linear(x, w, x.shape[0])
 
 
 def decode(target: str, head: str, mode: str, tokens: int = 64) -> dict:
@@ -81,11 +63,8 @@ def decode(target: str, head: str, mode: str, tokens: int = 64) -> dict:
     from eagle.model import EaModel
     from eagle.targets.tokenizer import load_tokenizer
 
+    os.environ["EAGLE_GEMV"] = "1" if mode == "gemv" else "0"
     model = EaModel.from_pretrained(target, head, torch_dtype=torch.bfloat16, background=False, quiet=True)
-    if mode == "gemv":
-        for layer in model.target.modules():
-            if isinstance(layer, torch.nn.Linear) and layer.bias is None:
-                layer.forward = lambda x, w=layer.weight: gemv_linear(x, w)
     chat = [{"role": "user", "content": "Write a short story about a robot who learns to paint, with three characters."}]
     ids = torch.tensor([load_tokenizer(resolve_target(target)).apply_chat_template(
         chat, add_generation_prompt=True, tokenize=True, return_dict=False)])
@@ -99,7 +78,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(prog="python -m experiments.gemv_roofline", description=__doc__.splitlines()[0])
     p.add_argument("target", nargs="?", default="smollm2-135m-instruct", help="a target name or folder")
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--rows", default="1,2,4", help="rows a step multiplies (1-4)")
+    p.add_argument("--rows", default="1,2,4", help="rows a step multiplies")
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--decode", choices=("torch", "gemv"), help="time compiled plain decoding instead (see above)")
     p.add_argument("--head", default="checkpoints/eagle3-smollm2-135m-instruct", help="any head of the target (--decode)")
@@ -108,15 +87,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.decode:
         print(json.dumps(decode(args.target, args.head, args.decode)), flush=True)
         return []
-    kernel = gemv_kernel()
+    if gemv.kernel() is None:
+        raise SystemExit("the GEMV kernel needs a CPU with AVX512-BF16 and a C++ compiler")
     weights = layer_weights(AutoConfig.from_pretrained(resolve_target(args.target)))
     x = torch.randn(3, weights[0].shape[1], dtype=torch.bfloat16)
-    torch.testing.assert_close(kernel.gemv(x, weights[0]).float(), F.linear(x, weights[0]).float(), rtol=0.02, atol=0.02)
+    torch.testing.assert_close(kernel_linear(x, weights[0]).float(), F.linear(x, weights[0]).float(), rtol=0.02, atol=0.02)
     size = sum(w.numel() * w.element_size() for w in weights)
     bandwidth = read_bandwidth(args.rounds)
     out = []
     for rows in (int(r) for r in args.rows.split(",")):
-        ms = {"torch": step_ms(weights, rows, F.linear, args.rounds), "gemv": step_ms(weights, rows, kernel.gemv, args.rounds)}
+        ms = {"torch": step_ms(weights, rows, F.linear, args.rounds), "gemv": step_ms(weights, rows, kernel_linear, args.rounds)}
         out.append({"rows": rows, "threads": args.threads, "weights_mb": round(size / 1e6),
                     "read_gb_s": round(bandwidth / 1e9, 1), **{f"{k}_ms": round(v, 1) for k, v in ms.items()},
                     **{f"{k}_gb_s": round(size / v / 1e6, 1) for k, v in ms.items()}})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from data_prep.slot_attention import slot_shape
@@ -34,19 +33,3 @@ def test_every_timed_kernel_is_the_same_decode_attention():
         out = out.transpose(1, 2) if name == "grouped_sdpa" else out  # the decoder's kernel returns HF's [B, 1, H, d]
         torch.testing.assert_close(out, expected, msg=name)
 
-
-def test_the_gemv_kernel_multiplies_as_torch_where_the_cpu_has_bf16_pairs():
-    """experiments/gemv_roofline.py's kernel: 1-4 rows, outputs not a multiple of its 16-row blocks."""
-    if "avx512_bf16" not in open("/proc/cpuinfo").read():
-        pytest.skip("the kernel needs AVX512-BF16")
-    from experiments import gemv_roofline
-
-    kernel = gemv_roofline.gemv_kernel()
-    torch.manual_seed(0)
-    for rows, inputs, outputs in ((1, 64, 16), (2, 96, 37), (3, 32, 5), (4, 128, 130)):
-        x = torch.randn(rows, inputs, dtype=torch.bfloat16)
-        w = torch.randn(outputs, inputs, dtype=torch.bfloat16)
-        expected = torch.nn.functional.linear(x.float(), w.float())
-        torch.testing.assert_close(kernel.gemv(x, w).float(), expected, rtol=0.02, atol=0.1)
-    with pytest.raises(RuntimeError, match="1-4 rows"):
-        kernel.gemv(torch.zeros(5, 32, dtype=torch.bfloat16), torch.zeros(8, 32, dtype=torch.bfloat16))

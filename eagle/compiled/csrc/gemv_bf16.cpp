@@ -1,0 +1,161 @@
+// y [M, O] = x [M, I] . w [O, I]^T in bf16 (fp32 sums, rounded to nearest even), for the few rows of a decode
+// step on a CPU with AVX512-BF16: the linear layers of eagle/compiled/gemv.py.
+//
+// A decode step multiplies a handful of rows by every weight once, so it is bound by how fast the weights
+// stream from memory. Each thread takes blocks of 16 output rows. Four output rows are read together,
+// 32 inputs a register, fetched 8 rows ahead; the input rows are taken 4 at a time, each multiplied into the
+// 4 weight registers by bf16 pair dot products (16 accumulators). The first group of input rows reads the
+// weights from memory, the later groups re-read the same 4 rows from L1 (4 x I x 2 bytes), so any row count
+// streams the weights once. Inputs need not be a multiple of 32: the last registers are loaded masked.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cstdint>
+
+namespace {
+
+#ifdef __AVX512BF16__
+constexpr int kRows = 4;        // output rows read together
+constexpr int kGroup = 4;       // input rows multiplied together
+constexpr int64_t kBlock = 16;  // output rows a task
+constexpr int64_t kAhead = 8;   // output rows the weights are fetched ahead
+
+inline __m512bh load(const uint16_t* p, __mmask32 mask) {
+  return (__m512bh)(mask == ~__mmask32(0) ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mask, p));
+}
+
+// sums[i] = the sum of a[i]'s 16 lanes, for i < count (<= 16), by one transposing tree: 8 + 4 + 4 + 2 vector
+// adds for all of them, where 16 separate reductions cost ~12 instructions each.
+inline void reduce16(const __m512* a, int count, float* sums) {
+  __m512 v[16];
+  for (int i = 0; i < 16; ++i) v[i] = i < count ? a[i] : _mm512_setzero_ps();
+  __m512 b[8];  // b[i]: lanes 0-7 partial sums of v[2i], 8-15 of v[2i+1]
+  for (int i = 0; i < 8; ++i)
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  __m512 c[4];  // c[i]: quarter q holds 4 partial sums of v[4i + q]
+  for (int i = 0; i < 4; ++i)
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  const __m512 u = _mm512_add_ps(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
+  const __m512 w = _mm512_add_ps(_mm512_unpacklo_ps(c[2], c[3]), _mm512_unpackhi_ps(c[2], c[3]));
+  // lane 4q + j: the sum of v[4j + q]
+  const __m512 t = _mm512_add_ps(_mm512_shuffle_ps(u, w, 0x44), _mm512_shuffle_ps(u, w, 0xEE));
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, t);
+  for (int i = 0; i < count; ++i) sums[i] = lanes[4 * (i % 4) + i / 4];
+}
+
+// Output rows o..o+n-1 (n <= kRows) for input rows x[0..G-1]; `fetch`: prefetch the weights ahead (first group).
+template <int G, bool fetch>
+void rows_block(const uint16_t* x, const uint16_t* w, at::BFloat16* y, int64_t I, int64_t O, int64_t o, int n) {
+  __m512 acc[G][kRows];
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < kRows; ++r) acc[g][r] = _mm512_setzero_ps();
+  const uint16_t* row[kRows];
+  for (int r = 0; r < kRows; ++r) row[r] = w + (o + std::min(r, n - 1)) * I;
+  const auto step = [&](int64_t k, __mmask32 mask) {
+    __m512bh wv[kRows];
+    for (int r = 0; r < kRows; ++r) {
+      if (fetch) _mm_prefetch(reinterpret_cast<const char*>(row[r] + kAhead * I + k), _MM_HINT_T0);
+      wv[r] = load(row[r] + k, mask);
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m512bh xv = load(x + g * I + k, mask);
+      for (int r = 0; r < kRows; ++r) acc[g][r] = _mm512_dpbf16_ps(acc[g][r], xv, wv[r]);
+    }
+  };
+  const int64_t full = I / 32 * 32;
+  for (int64_t k = 0; k < full; k += 32) step(k, ~__mmask32(0));
+  if (full < I) step(full, (__mmask32(1) << (I - full)) - 1);
+  float sums[kGroup * kRows];
+  reduce16(&acc[0][0], G * kRows, sums);
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < n; ++r) y[g * O + o + r] = at::BFloat16(sums[g * kRows + r]);
+}
+
+template <bool fetch>
+void group(int g, const uint16_t* x, const uint16_t* w, at::BFloat16* y, int64_t I, int64_t O, int64_t o, int n) {
+  switch (g) {
+    case 1: rows_block<1, fetch>(x, w, y, I, O, o, n); break;
+    case 2: rows_block<2, fetch>(x, w, y, I, O, o, n); break;
+    case 3: rows_block<3, fetch>(x, w, y, I, O, o, n); break;
+    default: rows_block<4, fetch>(x, w, y, I, O, o, n); break;
+  }
+}
+
+// Output rows o0..o1-1 for all M input rows.
+void block(const uint16_t* x, const uint16_t* w, at::BFloat16* y, int64_t M, int64_t I, int64_t O, int64_t o0,
+           int64_t o1) {
+  for (int64_t o = o0; o < o1; o += kRows) {
+    const int n = static_cast<int>(std::min<int64_t>(kRows, o1 - o));
+    for (int64_t m = 0; m < M; m += kGroup) {
+      const int g = static_cast<int>(std::min<int64_t>(kGroup, M - m));
+      if (m == 0)
+        group<true>(g, x, w, y, I, O, o, n);
+      else
+        group<false>(g, x + m * I, w, y + m * O, I, O, o, n);
+    }
+  }
+}
+#endif
+
+}  // namespace
+
+bool available() {
+#ifdef __AVX512BF16__
+  return true;
+#else
+  return false;
+#endif
+}
+
+torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& w) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "gemv: bf16 x and w");
+  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.dim() == 2 && w.dim() == 2, "gemv: contiguous 2-d x, w");
+  TORCH_CHECK(!x.is_cuda() && !w.is_cuda(), "gemv: CPU tensors");
+  const int64_t M = x.size(0), I = x.size(1), O = w.size(0);
+  TORCH_CHECK(w.size(1) == I, "gemv: x [M, I] and w [O, I]");
+#ifndef __AVX512BF16__
+  TORCH_CHECK(false, "gemv: built for a CPU without AVX512-BF16");
+#else
+  auto y = torch::empty({M, O}, x.options());
+  if (M == 0 || O == 0) return y;
+  if (I == 0) return y.zero_();
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  auto* yp = y.data_ptr<at::BFloat16>();
+  at::parallel_for(0, (O + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
+    block(xp, wp, yp, M, I, O, b0 * kBlock, std::min(O, b1 * kBlock));
+  });
+  return y;
+#endif
+}
+
+// The op a linear layer calls (eagle/compiled/gemv.py): x [..., I] w [O, I]^T -> [..., O]; more than `max_rows`
+// rows (a prompt) go to ATen's linear, which is compute-bound there and blocks its work better.
+at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& w, int64_t max_rows) {
+  const int64_t I = x.size(-1);
+  const int64_t M = I ? x.numel() / I : 0;
+  if (!available() || M > max_rows || x.scalar_type() != at::kBFloat16 || w.scalar_type() != at::kBFloat16 ||
+      !w.is_contiguous() || w.size(1) != I)
+    return at::linear(x, w);
+  auto shape = x.sizes().vec();
+  shape.back() = w.size(0);
+  return gemv(x.reshape({M, I}).contiguous(), w).view(shape);
+}
+
+TORCH_LIBRARY_FRAGMENT(eagle, m) { m.def("gemv_linear(Tensor x, Tensor w, int max_rows) -> Tensor"); }
+TORCH_LIBRARY_IMPL(eagle, CPU, m) { m.impl("gemv_linear", &gemv_linear); }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("gemv", &gemv, "y [M, O] = x [M, I] w [O, I]^T, bf16");
+  m.def("available", &available, "built with AVX512-BF16");
+}
