@@ -69,27 +69,39 @@ def test_a_bad_setting_is_named(monkeypatch):
         gemv.wanted()
 
 
+def _compiled_code(fn, *args, options: dict) -> str:
+    """The Python inductor generates for `fn(*args)` compiled under `options`, without the FX graph cache."""
+    from torch._inductor.utils import run_and_get_code
+
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fx_graph_cache=False, **options), torch.no_grad():
+        _, code = run_and_get_code(torch.compile(fn, fullgraph=True, dynamic=False), *args)
+    return "\n".join(code)
+
+
 @needs_kernel
-def test_only_bias_free_bf16_linears_are_routed_and_can_be_restored(monkeypatch):
+def test_our_graphs_take_the_kernel_for_bf16_linears_only(monkeypatch):
+    """Frozen weights (our decoder's graphs) and weights as inputs (the reply engine's step); fp32 stays on ATen."""
+    from eagle.compiled.graph_cache import compile_options
+
     monkeypatch.setenv("EAGLE_GEMV", "1")
-    model = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False), torch.nn.Linear(32, 8), torch.nn.ReLU()).to(
-        torch.bfloat16)
-    keys, x = list(model.state_dict()), _bf16(3, 64)
-    before = model(x).float()
-    assert gemv.route_linears(model) and gemv.routed(model)
-    assert type(model[0]) is gemv.GemvLinear and type(model[1]) is torch.nn.Linear  # a bias: not routed
-    assert isinstance(model[0], torch.nn.Linear) and list(model.state_dict()) == keys
-    torch.testing.assert_close(model(x).float(), before, rtol=0.02, atol=0.02)
-    gemv.unroute_linears(model)
-    assert not gemv.routed(model) and type(model[0]) is torch.nn.Linear
-    assert not gemv.route_linears(tiny_llama())  # fp32: ATen's matmuls, exact
+    for dtype, expected in ((torch.bfloat16, 15), (torch.float32, 0)):  # 2 layers x 7 linears + the lm_head
+        model = tiny_llama(seed=4, dtype=dtype)
+        ids = prompt(1, 6)
+        frozen = _compiled_code(lambda i: model(input_ids=i).logits, ids, options=compile_options(model))
+        engine = _compiled_code(lambda i: model(input_ids=i).logits, ids,
+                                options={"post_grad_custom_post_pass": gemv.GraphPass()})
+        assert frozen.count("torch.ops.eagle.gemv_linear.default(") == expected, dtype
+        assert engine.count("torch.ops.eagle.gemv_linear.default(") == expected, dtype
     monkeypatch.setenv("EAGLE_GEMV", "0")
-    assert not gemv.route_linears(model)
+    assert "gemv_linear" not in _compiled_code(lambda i: model(input_ids=i).logits, ids,
+                                               options=compile_options(tiny_llama(seed=4, dtype=torch.bfloat16)))
 
 
 @needs_kernel
-def test_a_compiled_bf16_decoder_routes_target_and_head_and_keys_its_tuned_budgets(monkeypatch):
-    """The compiled graphs call the op (dynamic verify rows included), their logits close to eager ATen's."""
+def test_a_compiled_bf16_decoder_leaves_the_models_eager_forwards_alone(monkeypatch):
+    """The target's modules stay as they are (HF generate and the eager runners keep ATen's matmuls); the compiled
+    plain step's logits are close to eager ones; the tuner's cached budgets are keyed by the kernel."""
     from eagle.tuning.budget_cache import budget_key
 
     monkeypatch.setenv("EAGLE_GEMV", "1")
@@ -97,11 +109,15 @@ def test_a_compiled_bf16_decoder_routes_target_and_head_and_keys_its_tuned_budge
     head = random_eagle3_head(target).to(torch.bfloat16)
     ids = prompt(0, 12)
     with torch.no_grad():
-        expected = target(ids).logits[0, -1].float()  # before routing: ATen's linears
+        before = target(ids).logits
     model = EaModel(target, head, settings=FIXED, compile=True)
-    assert model.compiled.gemv and model.drafter.compiled.gemv and gemv.routed(target, head)
-    logits, _ = model.compiled.plain_prefill(ids)
-    torch.testing.assert_close(logits.float(), expected, rtol=0.05, atol=0.05)
-    out = model.eagenerate(ids, max_new_tokens=12)
-    assert out.shape[1] > ids.shape[1] and model.compiled.shapes  # verify graphs compiled over the op
+    out = model.naivegenerate(ids, max_new_tokens=8)
+    with torch.inference_mode():
+        assert torch.equal(target(ids).logits, before)
+        assert all(type(m) is torch.nn.Linear for m in target.modules() if isinstance(m, torch.nn.Linear))
+        step = model.compiled.plain_step(model.compiled, out[0, -1:], out.shape[1] - 1)
+        expected = target(out).logits[0, -1]
+    torch.testing.assert_close(step.float(), expected.float(), rtol=0.05, atol=0.05)
     assert budget_key(model, [8], [2])["gemv"] is True
+    monkeypatch.setenv("EAGLE_GEMV", "0")
+    assert budget_key(model, [8], [2])["gemv"] is False

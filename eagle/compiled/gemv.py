@@ -1,24 +1,27 @@
-"""Linear layers through our bf16 GEMV (`EAGLE_GEMV`), where a decode step's matmuls are bound by memory.
+"""Our compiled graphs' bf16 linear layers through our GEMV kernel (`EAGLE_GEMV`), where a decode step is bound by
+reading the weights.
 
-    routed = route_linears(target)     # its bias-free bf16 nn.Linear layers now call torch.ops.eagle.gemv_linear
-    unroute_linears(target)            # back to nn.Linear
+    if gemv.active():                          # this CPU wants it (`wanted`) and the kernel is built
+        count = gemv.rewrite_linears(graph)    # inductor's post-grad graph: bf16 x @ w^T -> eagle::gemv_linear
 
 A decode step multiplies a few rows (1 for a plain step, a tree's nodes for a verify) by every weight once,
 so it runs at the speed the weights are read. On a Zen 4 CPU (AVX512-BF16, no AMX) inductor's C++ GEMM
 template and ATen's linear read them at 15-19 GB/s of the ~40 the memory streams; our kernel
 (eagle/compiled/csrc/gemv_bf16.cpp: four output rows at a time, the input rows four at a time against the
-same weights from L1) at ~31 (docs/speed.md). On a CPU with AMX a kernel of this kind lost to oneDNN inside
+same weights from L1) at ~30 (docs/speed.md). On a CPU with AMX a kernel of this kind lost to oneDNN inside
 the compiled forward (docs/findings.md). Hence:
 
 - `EAGLE_GEMV=auto` (the default): on where the CPU has AVX512-BF16 and no AMX;
 - `EAGLE_GEMV=1`: on wherever the kernel builds (a CPU with AVX512-BF16); `EAGLE_GEMV=0`: off.
 
-Only bias-free layers with bf16 weights on the CPU are routed (fp32 models keep ATen's matmuls and their
-exact greedy equality with eager decoding; a bf16 sum in another order differs at near-ties only, as the
-compiled graphs' template does). Routing swaps a layer's class for `GemvLinear` (same parameters, state dict
-and `isinstance`), so graphs compiled afterwards call the op with the frozen weight, at any row count of a
-dynamic graph. Rows past MAX_ROWS (a prompt) take ATen's linear inside the op, compute-bound there.
-The kernel is built at a machine's first use (~15 s, eagle/common/native_build.py).
+Only our compiled graphs change (eagle/compiled/graph_cache.py runs `rewrite_linears` as their graph pass, and
+the reply engine's step: data_prep/batched_decoding.py): the model's modules and every eager forward of them
+(HF `generate`, the eager runners, a prompt's prefill) keep ATen's matmuls. The pass takes each matmul of a
+bf16 2-D input by the transpose of a bf16 weight [O, I] (what `nn.Linear` without bias becomes); fp32 graphs
+keep ATen's and the template's matmuls and their exact greedy equality with eager decoding. Rows past
+MAX_ROWS take ATen's linear inside the op. A row's output does not depend on the rows beside it, so a
+verify's rows equal a plain step's bit for bit. The kernel is built at a machine's first use (~20 s,
+eagle/common/native_build.py).
 """
 
 from __future__ import annotations
@@ -29,21 +32,15 @@ from functools import cache
 from pathlib import Path
 
 import torch
-from torch import nn
+from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from eagle.common.native_build import cpu_flags, native_extension
 
 log = logging.getLogger("eagle")
 SOURCE = Path(__file__).resolve().parent / "csrc" / "gemv_bf16.cpp"
-MAX_ROWS = 64  # rows up to which the kernel runs; more take ATen's linear
+MAX_ROWS = 32  # rows up to which the kernel runs (it and ATen tie at 32 on a Zen 4 CPU); more take ATen's linear
 CHOICES = ("auto", "1", "0")  # EAGLE_GEMV
-
-
-class GemvLinear(nn.Linear):
-    """An `nn.Linear` without bias whose forward is the GEMV op."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # x [..., in] -> [..., out]
-        return torch.ops.eagle.gemv_linear(x, self.weight, MAX_ROWS)
+aten = torch.ops.aten
 
 
 def policy() -> str:
@@ -55,7 +52,7 @@ def policy() -> str:
 
 
 def wanted() -> bool:
-    """Whether this process routes bf16 linear layers through the kernel (`policy`, this CPU's instruction sets)."""
+    """Whether this process's compiled graphs should take the kernel (`policy`, this CPU's instruction sets)."""
     flags = cpu_flags()
     choice = policy()
     if choice == "0" or "avx512_bf16" not in flags:
@@ -63,14 +60,19 @@ def wanted() -> bool:
     return choice == "1" or "amx_bf16" not in flags
 
 
+def active() -> bool:
+    """Wanted here, and the kernel is built (building it at the first call)."""
+    return wanted() and kernel() is not None
+
+
 @cache
 def kernel():
-    """The kernel's extension (its op registered), or None where it cannot be built."""
-    log.info("loading the GEMV kernel (%s; built at a machine's first use, ~15 s)", SOURCE.name)
+    """The kernel's extension (its op `eagle::gemv_linear` registered), or None where it cannot be built."""
+    log.info("loading the GEMV kernel (%s; built at a machine's first use, ~20 s)", SOURCE.name)
     try:
         ext = native_extension("eagle_gemv_bf16", SOURCE)
     except Exception as error:  # no compiler, or a failed build: ATen's matmuls are exact, only slower here
-        log.warning("GEMV kernel not built (%s); linear layers stay on ATen and inductor", str(error).splitlines()[0])
+        log.warning("GEMV kernel not built (%s); matmuls stay on ATen and inductor", str(error).splitlines()[0])
         return None
     torch.library.register_fake("eagle::gemv_linear")(_fake)
     return ext if ext.available() else None
@@ -80,31 +82,66 @@ def _fake(x: torch.Tensor, w: torch.Tensor, max_rows: int) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], w.shape[0])
 
 
-def routable(layer: nn.Module) -> bool:
-    """A bias-free `nn.Linear` with a contiguous bf16 weight on the CPU."""
-    return (type(layer) is nn.Linear and layer.bias is None and layer.weight.dtype == torch.bfloat16
-            and layer.weight.device.type == "cpu" and layer.weight.is_contiguous())
+def rewrite_linears(graph: torch.fx.Graph) -> int:
+    """Replace every `mm(x, w^T)` of bf16 x [M, I] by the transpose of a contiguous bf16 weight w [O, I] (a graph
+    input, or a frozen constant: freezing folds the transpose into a view of the weight) by
+    `eagle::gemv_linear(x, w, MAX_ROWS)`, in place; how many were replaced."""
+    count = 0
+    for node in list(graph.nodes):
+        weight = _weight(node)
+        if weight is None:
+            continue
+        with graph.inserting_before(node):
+            if weight is node.args[1]:  # w^T itself: its transpose is w, a view
+                weight = graph.call_function(aten.permute.default, (weight, [1, 0]))
+                weight.meta["val"] = _val(node.args[1]).t()
+            op = graph.call_function(torch.ops.eagle.gemv_linear.default, (node.args[0], weight, MAX_ROWS))
+        op.meta.update(node.meta)
+        node.replace_all_uses_with(op)
+        graph.erase_node(node)
+        count += 1
+    graph.eliminate_dead_code()
+    return count
 
 
-def route_linears(*modules: nn.Module) -> bool:
-    """Route the routable layers of `modules` through the kernel when `wanted()` and it builds; whether any
-    layer of theirs is routed now. Call before compiling their forwards."""
-    layers = [m for module in modules for m in module.modules() if routable(m)]
-    if layers and wanted() and kernel() is not None:
-        for layer in layers:
-            layer.__class__ = GemvLinear
-        log.info("%d linear layers through the GEMV kernel (EAGLE_GEMV=0 turns it off)", len(layers))
-    return routed(*modules)
+def _weight(node: torch.fx.Node) -> torch.fx.Node | None:
+    """For `node` = mm(x, w^T) in bf16 with w [O, I] contiguous: the node of w (`permute(w, [1, 0])`'s input),
+    or of w^T where it is a tensor of its own (a frozen constant's view); otherwise None."""
+    if node.op != "call_function" or node.target != aten.mm.default:
+        return None
+    x, wt = node.args
+    x_val, wt_val = _val(x), _val(wt)
+    if x_val is None or wt_val is None or x_val.dtype != torch.bfloat16 or wt_val.dtype != torch.bfloat16:
+        return None
+    if wt.op == "call_function" and wt.target == aten.permute.default and list(wt.args[1]) == [1, 0]:
+        w = _val(wt.args[0])
+        return wt.args[0] if w is not None and w.is_contiguous() and w.device.type == "cpu" else None
+    if wt.op in ("get_attr", "placeholder") and wt_val.t().is_contiguous() and wt_val.device.type == "cpu":
+        return wt
+    return None
 
 
-def unroute_linears(*modules: nn.Module) -> None:
-    """Back to `nn.Linear` (graphs compiled meanwhile keep the op)."""
-    for module in modules:
-        for layer in module.modules():
-            if type(layer) is GemvLinear:
-                layer.__class__ = nn.Linear
+def _val(node) -> torch.Tensor | None:
+    """The node's (fake) tensor; a frozen constant's own tensor where the pass left no value in its meta."""
+    if not isinstance(node, torch.fx.Node):
+        return None
+    val = node.meta.get("val")
+    if val is None and node.op == "get_attr":
+        val = getattr(node.graph.owning_module, node.target, None)
+    return val if isinstance(val, torch.Tensor) else None
 
 
-def routed(*modules: nn.Module) -> bool:
-    """Whether any layer of `modules` runs through the kernel."""
-    return any(type(m) is GemvLinear for module in modules for m in module.modules())
+class GraphPass(CustomGraphPass):
+    """`rewrite_linears` as inductor's post-grad pass of a graph compiled without our other options (the reply
+    engine's step): `with inductor.patch(post_grad_custom_post_pass=GraphPass()): compiled(...)`."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        rewrite_linears(graph)
+
+    def uuid(self) -> str:
+        return key()
+
+
+def key() -> str:
+    """What a graph rewritten by the pass depends on beyond its own code: the rows the op takes."""
+    return f"gemv-{MAX_ROWS}"

@@ -37,6 +37,7 @@ import torch._inductor.config as inductor
 from torch import nn
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from eagle.compiled import gemv
 from eagle.compiled.shared_constants import sharing
 
 SAMPLE = 65536  # elements of each tensor the digest reads (strided over the whole tensor)
@@ -93,9 +94,11 @@ def compile_options(*modules: nn.Module) -> dict:
     - `autotune`: each matmul times the template against ATen's and keeps the faster.
     - `aten`: ATen's matmuls, no template: the test suite's tiny models compile in a fraction of the time.
 
+    Under any of them, bf16 linear layers take our GEMV where it pays (eagle/compiled/gemv.py, EAGLE_GEMV).
+
     Without the template hook (`install_template_gemm`) graphs keep oneDNN prepacking, uncached."""
     policy = matmuls_policy()
-    options = {"freezing": True, **weights_key(*modules, policy=policy)}
+    options = {"freezing": True, **weights_key(*modules, policy=policy, use_gemv=gemv.active())}
     if policy != "aten":
         options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
     if install_template_gemm():
@@ -150,24 +153,26 @@ def _is_cpp_template(choice) -> bool:
 
 
 class _WeightsKey(CustomGraphPass):
-    """A graph pass that changes nothing: its uuid (the weights' digest and the matmul policy) joins the FX
-    graph cache key, and its presence marks a graph as ours to the template hook."""
+    """Our graphs' post-grad pass: bf16 linear layers to our GEMV when `gemv` (eagle/compiled/gemv.py), nothing
+    else. Its uuid (the weights' digest, the matmul policy, the GEMV's) joins the FX graph cache key, and its
+    presence marks a graph as ours to the template hook."""
 
-    def __init__(self, digest: str, policy: str):
-        self.digest, self.policy = digest, policy
+    def __init__(self, digest: str, policy: str, use_gemv: bool = False):
+        self.digest, self.policy, self.use_gemv = digest, policy, use_gemv
 
     def __call__(self, graph: torch.fx.Graph) -> None:
-        return None
+        if self.use_gemv:
+            gemv.rewrite_linears(graph)
 
     def uuid(self) -> str:
-        return f"{self.digest}-{self.policy}"
+        return f"{self.digest}-{self.policy}" + (f"-{gemv.key()}" if self.use_gemv else "")
 
 
-def weights_key(*modules: nn.Module, policy: str = "template") -> dict:
+def weights_key(*modules: nn.Module, policy: str = "template", use_gemv: bool = False) -> dict:
     """Inductor options that key the graphs compiled for `modules` by their weights (`weights_digest`)
     and by how their matmuls are chosen."""
     digest = "-".join(weights_digest(m) for m in modules)
-    return {"post_grad_custom_post_pass": _WeightsKey(digest, policy)}
+    return {"post_grad_custom_post_pass": _WeightsKey(digest, policy, use_gemv)}
 
 
 def weights_digest(module: nn.Module) -> str:

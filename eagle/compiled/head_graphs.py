@@ -36,7 +36,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from eagle.compiled.gemv import route_linears
 from eagle.compiled.graph_cache import compiled_call
 from eagle.compiled.target_graphs import bucket, padded_mask, pending_shapes
 from eagle.heads.eagle2 import KVCache
@@ -58,7 +57,6 @@ class CompiledHead:
 
     def __init__(self, head: nn.Module, scorer: nn.Module):
         self.head, self.scorer = head, scorer
-        self.gemv = route_linears(head, scorer)  # as the target's (eagle/compiled/gemv.py)
         self._forward = torch.compile(self._head_rows, fullgraph=True, dynamic=False)
         self._logp = torch.compile(self._log_probs, fullgraph=True, dynamic=False)
         self._eager = {self._forward: self._head_rows, self._logp: self._log_probs}  # each graph's eager code

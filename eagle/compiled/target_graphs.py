@@ -58,7 +58,6 @@ from torch import nn
 from torch.profiler import record_function
 from transformers import StaticCache
 
-from eagle.compiled.gemv import route_linears
 from eagle.compiled.graph_cache import compiled_call
 from eagle.compiled.grouped_attention import GROUPED, grouped_sdpa_applies, install_grouped_sdpa
 from eagle.decoding.kv_commit import move_rows
@@ -122,7 +121,6 @@ class CompiledTarget:
 
     def __init__(self, target: nn.Module):
         self.target = target
-        self.gemv = route_linears(target)  # bf16 linear layers through our kernel where it pays (EAGLE_GEMV)
         self._compiled = torch.compile(target.forward, fullgraph=True, dynamic=False)
         self.grouped = grouped_sdpa_applies(target)  # query heads of a key/value head attend as its rows
         if self.grouped:

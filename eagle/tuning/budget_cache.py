@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from eagle.common.permissions import as_if_created
-from eagle.compiled.gemv import routed
+from eagle.compiled import gemv
 from eagle.compiled.graph_cache import matmuls_policy
 from eagle.tuning.tuner import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget
 from eagle.targets.resolve import cache_dir
@@ -64,7 +64,7 @@ def budget_key(model, sizes, depths) -> dict:
         "dtype": str(lm_head.dtype), "device": _device_name(lm_head.device), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "top_k": model.settings.top_k, "draft_vocab": model.draft_vocab_size,
         "compiled": model.compiled is not None, "matmuls": matmuls_policy() if model.compiled is not None else None,
-        "gemv": routed(target, head),  # verify costs change with the kernel (eagle/compiled/gemv.py)
+        "gemv": gemv.active() if model.compiled is not None else None,  # verify costs change with it
     }
 
 

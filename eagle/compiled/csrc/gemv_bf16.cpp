@@ -55,7 +55,8 @@ inline void reduce16(const __m512* a, int count, float* sums) {
 
 // Output rows o..o+n-1 (n <= kRows) for input rows x[0..G-1]; `fetch`: prefetch the weights ahead (first group).
 template <int G, bool fetch>
-void rows_block(const uint16_t* x, const uint16_t* w, at::BFloat16* y, int64_t I, int64_t O, int64_t o, int n) {
+void rows_block(const uint16_t* x, const uint16_t* w, at::BFloat16* y, int64_t I, int64_t O, int64_t o, int n,
+                int64_t ahead) {
   __m512 acc[G][kRows];
   for (int g = 0; g < G; ++g)
     for (int r = 0; r < kRows; ++r) acc[g][r] = _mm512_setzero_ps();
@@ -65,6 +66,7 @@ void rows_block(const uint16_t* x, const uint16_t* w, at::BFloat16* y, int64_t I
     __m512bh wv[kRows];
     for (int r = 0; r < kRows; ++r) {
       if (fetch) _mm_prefetch(reinterpret_cast<const char*>(row[r] + kAhead * I + k), _MM_HINT_T0);
+      else _mm_prefetch(reinterpret_cast<const char*>(row[r] + ahead * I + k), _MM_HINT_T1);
       wv[r] = load(row[r] + k, mask);
     }
     for (int g = 0; g < G; ++g) {
@@ -82,12 +84,13 @@ void rows_block(const uint16_t* x, const uint16_t* w, at::BFloat16* y, int64_t I
 }
 
 template <bool fetch>
-void group(int g, const uint16_t* x, const uint16_t* w, at::BFloat16* y, int64_t I, int64_t O, int64_t o, int n) {
+void group(int g, const uint16_t* x, const uint16_t* w, at::BFloat16* y, int64_t I, int64_t O, int64_t o, int n,
+           int64_t ahead) {
   switch (g) {
-    case 1: rows_block<1, fetch>(x, w, y, I, O, o, n); break;
-    case 2: rows_block<2, fetch>(x, w, y, I, O, o, n); break;
-    case 3: rows_block<3, fetch>(x, w, y, I, O, o, n); break;
-    default: rows_block<4, fetch>(x, w, y, I, O, o, n); break;
+    case 1: rows_block<1, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 2: rows_block<2, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 3: rows_block<3, fetch>(x, w, y, I, O, o, n, ahead); break;
+    default: rows_block<4, fetch>(x, w, y, I, O, o, n, ahead); break;
   }
 }
 
@@ -99,9 +102,9 @@ void block(const uint16_t* x, const uint16_t* w, at::BFloat16* y, int64_t M, int
     for (int64_t m = 0; m < M; m += kGroup) {
       const int g = static_cast<int>(std::min<int64_t>(kGroup, M - m));
       if (m == 0)
-        group<true>(g, x, w, y, I, O, o, n);
-      else
-        group<false>(g, x + m * I, w, y + m * O, I, O, o, n);
+        group<true>(g, x, w, y, I, O, o, n, 0);
+      else  // the later groups fetch rows further ahead into L2, while they compute from L1
+        group<false>(g, x + m * I, w, y + m * O, I, O, o, n, kAhead + kRows * (m / kGroup));
     }
   }
 }
