@@ -18,8 +18,6 @@ of a preallocated cache (data_prep/slot_attention.py):
 - **A compiled step.** One graph serves every step (`torch.compile` with dynamic shapes; ~50 s at
   its first step on a machine; a later process traces it and reads it from inductor's disk cache in
   ~25 s): it fuses the norms, rotary embeddings and activations between HF's matmuls, ~10 % of a step.
-  Where the decoder's graphs take our GEMV for bf16 linear layers (eagle/compiled/gemv.py), so does this one:
-  its steps of up to 32 rows (a run's first and last ones) read the weights at the kernel's speed.
 
 Greedy replies equal the target's greedy decoding of each prompt alone (up to bf16 near-ties); a sampled
 reply draws from its own generator, seeded with its request's seed, so it does not depend on the batch.
@@ -27,7 +25,6 @@ reply draws from its own generator, seeded with its request's seed, so it does n
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections import deque
@@ -35,12 +32,10 @@ from dataclasses import dataclass, field
 from typing import Hashable
 
 import torch
-import torch._inductor.config as inductor
 
 from data_prep.data_config import RegenConfig
 from data_prep.reply_requests import Request
 from data_prep.slot_attention import SlotCache, slot_attention, slot_bytes
-from eagle.compiled import gemv
 from eagle.decoding.verify import SamplingParams, greedy_ids, sample
 from eagle.targets.tokenizer import eos_token_ids
 
@@ -190,15 +185,12 @@ class BatchedDecoding:
             tokens, positions, slots = tokens * 2, positions * 2, slots * 2
         keep_rows = keep + [0] * max(0, 2 - len(keep))  # likewise, logits of row 0 dropped
         forward = self.compiled if self.compiled is not None else self.forward
-        compiling = self.compiled is not None and not self.compiled_once
-        if compiling:
+        if self.compiled is not None and not self.compiled_once:
             log.info("ours: compiling the step (once a machine; inductor caches it on disk)")
             self.compiled_once = True
         device = self.model.device
-        ours = compiling and gemv.active()  # the compiled step's bf16 linear layers to our GEMV
-        with inductor.patch(post_grad_custom_post_pass=gemv.GraphPass()) if ours else contextlib.nullcontext():
-            logits = forward(torch.tensor([tokens], device=device), torch.tensor([positions], device=device),
-                             torch.tensor(slots, device=device), torch.tensor(keep_rows, device=device))[:len(keep)]  # [K, V]
+        logits = forward(torch.tensor([tokens], device=device), torch.tensor([positions], device=device),
+                         torch.tensor(slots, device=device), torch.tensor(keep_rows, device=device))[:len(keep)]  # [K, V]
         drawn = greedy_ids(logits).tolist()  # [K]
         for j, index in enumerate(ends):
             slot = self.slots[index]

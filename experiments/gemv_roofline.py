@@ -1,20 +1,19 @@
-"""`python -m experiments.gemv_roofline`: how fast a decode step's linear layers can read their weights here.
+"""`python -m experiments.gemv_roofline`: how fast a decode step's linear layers read their weights, torch's
+matmul against our GEMV.
 
-    python -m experiments.gemv_roofline smollm2-135m-instruct --threads 2 --rows 1,2,4
+    python -m experiments.gemv_roofline smollm2-135m-instruct --threads 2 --rows 1,4,8,16,32
 
-A decode step at batch size 1 (a plain step, or a verify of a few draft tokens) multiplies 1-4 rows through
-every linear layer of the target: it reads all the weights once, so it is bound by the memory's bandwidth,
-not by arithmetic. This times those layers in the target's shapes (a weight of its own per layer, as in the
-model, so none stays in cache) with torch's eager bf16 `F.linear` (our compiled decoder's graphs lower theirs
-to inductor's C++ GEMM template, no faster here: a plain step, 18.4 ms at 2 threads on a Zen 4 CPU, reads the
-weights at 14.6 GB/s), and with a plain AVX512-BF16 kernel that streams each weight once
-(experiments/csrc/gemv_bf16.cpp, built at first use), beside the memory's read bandwidth
-(experiments/decode_roofline.py). Prints, per row count, each one's milliseconds and the GB/s at which it
-read the weights; checks the kernel's output against torch's.
+A decode step at batch size 1 (a plain step, or a verify of a tree's nodes) multiplies a few rows through every
+linear layer of the target: it reads all the weights once, so it is bound by the memory's bandwidth, not by
+arithmetic. This times those layers in the target's shapes (a weight of its own per layer, as in the model, so
+none stays in cache) with torch's eager bf16 `F.linear` and with our kernel (`torch.ops.eagle.gemv_linear`,
+eagle/compiled/gemv.py, at any row count), beside the memory's read bandwidth (experiments/decode_roofline.py).
+Prints, per row count, each one's milliseconds and the GB/s at which it read the weights; checks the kernel's
+output against torch's. Rows past a few dozen are compute-bound, where ATen's blocking wins: the decoder's op
+hands them to ATen (`gemv.MAX_ROWS`).
 
 `--decode torch|gemv` times our compiled plain decoding instead (`EaModel.naivegenerate`, 64 greedy tokens of a
-chat prompt, bf16), with the target's bias-free linear layers as they are or through the kernel (an op of its own
-for 1-4 rows, torch's `F.linear` for more); one mode a process, so run the two alternately:
+chat prompt, bf16), with EAGLE_GEMV=0 or 1; one mode a process, so run the two alternately:
 
     for m in gemv torch gemv torch; do python -m experiments.gemv_roofline --threads 2 --decode $m; done
 """

@@ -14,9 +14,10 @@ the compiled forward (docs/findings.md). Hence:
 - `EAGLE_GEMV=auto` (the default): on where the CPU has AVX512-BF16 and no AMX;
 - `EAGLE_GEMV=1`: on wherever the kernel builds (a CPU with AVX512-BF16); `EAGLE_GEMV=0`: off.
 
-Only our compiled graphs change (eagle/compiled/graph_cache.py runs `rewrite_linears` as their graph pass, and
-the reply engine's step: data_prep/batched_decoding.py): the model's modules and every eager forward of them
-(HF `generate`, the eager runners, a prompt's prefill) keep ATen's matmuls. The pass takes each matmul of a
+Only our compiled graphs change (eagle/compiled/graph_cache.py runs `rewrite_linears` as their post-grad pass):
+the model's modules and every eager forward of them (HF `generate`, the eager runners, a prompt's prefill) keep
+ATen's matmuls. The reply engine (data_prep/batched_decoding.py) does not take it: its steps are mostly
+hundreds of rows, and a run of 256 conversations was no faster with it (793 against 818 tok/s). The pass takes each matmul of a
 bf16 2-D input by the transpose of a bf16 weight [O, I] (what `nn.Linear` without bias becomes); fp32 graphs
 keep ATen's and the template's matmuls and their exact greedy equality with eager decoding. Rows past
 MAX_ROWS take ATen's linear inside the op. A row's output does not depend on the rows beside it, so a
@@ -32,7 +33,6 @@ from functools import cache
 from pathlib import Path
 
 import torch
-from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from eagle.common.native_build import cpu_flags, native_extension
 
@@ -84,7 +84,7 @@ def _fake(x: torch.Tensor, w: torch.Tensor, max_rows: int) -> torch.Tensor:
 
 def rewrite_linears(graph: torch.fx.Graph) -> int:
     """Replace every `mm(x, w^T)` of bf16 x [M, I] by the transpose of a contiguous bf16 weight w [O, I] (a graph
-    input, or a frozen constant: freezing folds the transpose into a view of the weight) by
+    input, or a frozen constant, whose transpose freezing folds into a view of it) by
     `eagle::gemv_linear(x, w, MAX_ROWS)`, in place; how many were replaced."""
     count = 0
     for node in list(graph.nodes):
@@ -129,17 +129,6 @@ def _val(node) -> torch.Tensor | None:
     if val is None and node.op == "get_attr":
         val = getattr(node.graph.owning_module, node.target, None)
     return val if isinstance(val, torch.Tensor) else None
-
-
-class GraphPass(CustomGraphPass):
-    """`rewrite_linears` as inductor's post-grad pass of a graph compiled without our other options (the reply
-    engine's step): `with inductor.patch(post_grad_custom_post_pass=GraphPass()): compiled(...)`."""
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        rewrite_linears(graph)
-
-    def uuid(self) -> str:
-        return key()
 
 
 def key() -> str:

@@ -153,7 +153,7 @@ def _is_cpp_template(choice) -> bool:
 
 
 class _WeightsKey(CustomGraphPass):
-    """Our graphs' post-grad pass: bf16 linear layers to our GEMV when `gemv` (eagle/compiled/gemv.py), nothing
+    """Our graphs' post-grad pass: bf16 linear layers to our GEMV when `use_gemv` (eagle/compiled/gemv.py), nothing
     else. Its uuid (the weights' digest, the matmul policy, the GEMV's) joins the FX graph cache key, and its
     presence marks a graph as ours to the template hook."""
 
