@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from functools import cache
 from pathlib import Path
 
@@ -41,6 +42,7 @@ SOURCE = Path(__file__).resolve().parent / "csrc" / "gemv_bf16.cpp"
 MAX_ROWS = 32  # rows up to which the kernel runs (it and ATen tie at 32 on a Zen 4 CPU); more take ATen's linear
 CHOICES = ("auto", "1", "0")  # EAGLE_GEMV
 aten = torch.ops.aten
+_BUILDING = threading.Lock()
 
 
 def policy() -> str:
@@ -65,9 +67,15 @@ def active() -> bool:
     return wanted() and kernel() is not None
 
 
-@cache
 def kernel():
-    """The kernel's extension (its op `eagle::gemv_linear` registered), or None where it cannot be built."""
+    """The kernel's extension (its op `eagle::gemv_linear` registered), or None where it cannot be built. The
+    background preparation and the model's thread may both ask first: one builds, the other waits."""
+    with _BUILDING:
+        return _build()
+
+
+@cache
+def _build():
     log.info("loading the GEMV kernel (%s; built at a machine's first use, ~20 s)", SOURCE.name)
     try:
         ext = native_extension("eagle_gemv_bf16", SOURCE)

@@ -5,8 +5,9 @@
 // stream from memory. Each thread takes blocks of 16 output rows. Four output rows are read together,
 // 32 inputs a register, fetched 8 rows ahead; the input rows are taken 4 at a time, each multiplied into the
 // 4 weight registers by bf16 pair dot products (16 accumulators). The first group of input rows reads the
-// weights from memory, the later groups re-read the same 4 rows from L1 (4 x I x 2 bytes), so any row count
-// streams the weights once. Inputs need not be a multiple of 32: the last registers are loaded masked.
+// weights from memory, the later groups re-read the same 4 rows from L1 (4 x I x 2 bytes) while they fetch
+// rows further ahead into L2, so any row count streams the weights once. Inputs need not be a multiple of 32:
+// the last registers are loaded masked. Each output is its row's own sum, whatever rows run beside it.
 
 #include <torch/extension.h>
 
