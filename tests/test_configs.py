@@ -102,6 +102,9 @@ def test_the_shipped_recipe_chains_its_stages():
     merged4 = composed("smollm2_eagle3_regen_c0_4")
     assert merged4.train.init_head == f"{merged.output_dir}/head" and merged4.train.epochs == 2
     assert merged4.store_dir.endswith("/regen-c0-4199-regenTrue-len1024-layers2_15_27_-1") and merged4.train.export_epochs
+    merged5 = composed("smollm2_eagle3_regen_c0_5")  # stage 24: the shipped stage 23 over conversations 0-8,399
+    assert merged5.train.init_head == f"{merged4.output_dir}/head" and merged5.train.epochs == 2
+    assert merged5.store_dir.endswith("/regen-c0-8399-regenTrue-len1024-layers2_15_27_-1") and merged5.train.save_every
     # EAGLE-2's stage 4: the shipped head on conversations past stage 3's, from EAGLE-3's store of that slice
     eagle2 = composed("smollm2_eagle2_slice4")
     assert eagle2.train.init_head == "checkpoints/eagle-smollm2-135m-instruct" and eagle2.train.keep_init_vocab
