@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import platform
+from functools import cache
 from pathlib import Path
 
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]  # OpenMP: the kernels' threads, in torch's libgomp
@@ -29,6 +30,7 @@ def cpu_flags() -> set[str]:
     return set(line.partition(":")[2].split())
 
 
+@cache
 def _cpuinfo() -> list[str]:
     try:
         return Path("/proc/cpuinfo").read_text().splitlines()

@@ -28,13 +28,13 @@ eagle/common/native_build.py).
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from functools import cache
 from pathlib import Path
 
 import torch
 
+from eagle.common.env_choice import env_choice
 from eagle.common.native_build import cpu_flags, native_extension
 
 log = logging.getLogger("eagle")
@@ -47,10 +47,7 @@ _BUILDING = threading.Lock()
 
 def policy() -> str:
     """EAGLE_GEMV, checked."""
-    value = os.environ.get("EAGLE_GEMV", "auto")
-    if value not in CHOICES:
-        raise ValueError(f"EAGLE_GEMV={value!r}: expected one of {', '.join(CHOICES)}")
-    return value
+    return env_choice("EAGLE_GEMV", "auto", CHOICES)
 
 
 def wanted() -> bool:

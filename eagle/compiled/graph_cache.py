@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import weakref
 
 import torch
@@ -37,6 +36,7 @@ import torch._inductor.config as inductor
 from torch import nn
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
+from eagle.common.env_choice import env_choice
 from eagle.compiled import gemv
 from eagle.compiled.shared_constants import sharing
 
@@ -107,10 +107,7 @@ def compile_options(*modules: nn.Module) -> dict:
 
 
 def matmuls_policy() -> str:
-    policy = os.environ.get("EAGLE_MATMULS", "template")
-    if policy not in MATMULS:
-        raise ValueError(f"EAGLE_MATMULS={policy!r}: expected one of {', '.join(MATMULS)}")
-    return policy
+    return env_choice("EAGLE_MATMULS", "template", MATMULS)
 
 
 def install_template_gemm() -> bool:
