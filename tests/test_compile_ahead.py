@@ -3,6 +3,7 @@
 middle of a reply), and the missing graphs compile in the background between replies; greedy output
 stays HF's throughout."""
 
+import logging
 import threading
 import time
 from types import SimpleNamespace
@@ -67,28 +68,29 @@ def test_a_reply_past_half_its_bucket_has_the_next_buckets_graphs_compiled_befor
     assert not model.compiled.missing
 
 
-def test_a_reply_while_a_graph_compiles_decodes_eagerly_on_one_thread():
+def test_a_reply_while_a_graph_compiles_waits_for_it_then_decodes_through_the_graphs(caplog):
     model, target = compiled_model(6)
-    held, release = threading.Event(), threading.Event()
+    held = threading.Event()
 
     def compiling():  # the background thread, holding the runners while it compiles a graph
         with runner_lock(target):
             held.set()
-            release.wait(60)
+            time.sleep(1.5)
 
     worker = threading.Thread(target=compiling, daemon=True)
     worker.start()
     assert held.wait(10)
-    threads, seen, ids = torch.get_num_threads(), [], prompt(5, 9)
-    out = []
-    for tokens in model.ea_generate(ids, max_new_tokens=16):
-        seen.append((torch.get_num_threads(), model.runner is model.eager))
-        out.append(tokens)
-    release.set()
+    threads, seen, ids, out = torch.get_num_threads(), [], prompt(5, 9), []
+    start = time.perf_counter()
+    with caplog.at_level(logging.INFO, logger="eagle"):
+        for tokens in model.ea_generate(ids, max_new_tokens=16):
+            seen.append((torch.get_num_threads(), model.runner is model.compiled))
+            out.append(tokens)
+    waited = time.perf_counter() - start
     worker.join()
     assert torch.equal(torch.cat([ids[0], *out])[None], hf_greedy(target, ids, 16))
-    assert set(seen) == {(1, True)} and torch.get_num_threads() == threads
-    assert model.runner is model.compiled  # back to the graphs for the next reply
+    assert set(seen) == {(threads, True)} and waited >= 1.0
+    assert "a graph is compiling in the background: this reply starts when it is done" in caplog.messages
 
 
 class CountingRunner:

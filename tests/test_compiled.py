@@ -3,6 +3,8 @@
 generate's greedy output in fp32, for plain decoding and for every tree kind, across cache buckets;
 each graph compiles once."""
 
+import logging
+
 import pytest
 import torch
 from torch._dynamo.utils import counters
@@ -145,3 +147,25 @@ def test_auto_budget_times_the_compiled_widths_and_decodes_losslessly(tmp_path, 
     ids = prompt(6, 15)
     assert torch.equal(model.eagenerate(ids, max_new_tokens=30), hf_greedy(target, ids, 30))
     assert eager.tuning is not None
+
+
+def test_graphs_called_at_another_thread_count_decode_eagerly_and_say_so_once(caplog):
+    """Dynamo keys a graph by torch's thread count: a call at another count would recompile, which the stance of
+    compiled calls turns into a RuntimeError. The runners decode it eagerly (same tokens) and warn once."""
+    target, threads = tiny_llama(seed=1), torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        model, ids = EaModel(target, random_head(target), settings=FIXED, compile=True), prompt(0, 9)
+        model.eagenerate(ids, max_new_tokens=12)  # compiles at 2 threads
+        shapes, seconds = set(model.compiled.shapes), model.compiled.compile_seconds
+        torch.set_num_threads(1)
+        with caplog.at_level(logging.WARNING, logger="eagle"):
+            for _ in range(2):
+                assert torch.equal(model.eagenerate(ids, max_new_tokens=12), hf_greedy(target, ids, 12))
+        assert model.compiled.shapes == shapes and model.compiled.compile_seconds == seconds  # nothing compiled
+        assert model.compiled.threads == model.drafter.compiled.threads == 2
+        assert [r.getMessage() for r in caplog.records].count(
+            "torch runs 1 threads, the decoder's graphs were compiled at 2: decoding eagerly (slower) until the "
+            "count is set back (torch.set_num_threads(2)) or the model is loaded again") == 1
+    finally:
+        torch.set_num_threads(threads)

@@ -186,3 +186,24 @@ def test_the_background_thread_may_compile_a_graph_per_shape(quick_tuner):
     finally:
         eagle.model.tune_tree = real
     assert seen and seen[0] >= 64
+
+
+def test_background_work_runs_at_its_creators_thread_count_whatever_the_process_count_at_its_start():
+    """A thread takes torch's process-wide thread count at its first op, and a reply beside background work sets
+    it to 1 for a while (`reply_beside_work`): the work's graphs compiled at 1 thread could not be run by the
+    model's thread (graph_cache.threads_match). The work sets its creator's count first."""
+    from eagle.tuning.background import BackgroundWork
+
+    class Probe(BackgroundWork):
+        def _work(self):
+            self.seen = torch.get_num_threads()
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        work = Probe()
+        torch.set_num_threads(1)  # as inside a reply on one thread, when the work's thread starts
+        work.start().done.wait(60)
+        assert work.error is None and work.seen == 2
+    finally:
+        torch.set_num_threads(threads)

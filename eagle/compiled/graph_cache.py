@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import weakref
 
 import torch
@@ -40,15 +41,18 @@ from eagle.common.env_choice import env_choice
 from eagle.compiled import gemv
 from eagle.compiled.shared_constants import sharing
 
+log = logging.getLogger("eagle")
 SAMPLE = 65536  # elements of each tensor the digest reads (strided over the whole tensor)
 _DIGESTS: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary()
+_WARNED: set[tuple[int, int]] = set()  # (compiled at, called at) thread counts already reported
 
 
-def compiled_call(compiling: bool, *modules: nn.Module) -> contextlib.AbstractContextManager:
+def compiled_call(compiling: bool, *modules: nn.Module, threads: int | None = None) -> contextlib.AbstractContextManager:
     """The context of one call of a graph over `modules`' weights.
 
-    While a shape compiles (`compiling`: the caller has not run it before): `compile_options` and
-    all of dynamo's guards. Later calls skip both: entering the options cost 40 µs a call (six
+    While a shape compiles (`compiling`: the caller has not run it before): `compile_options`, all of
+    dynamo's guards, and torch's thread count set to `threads` (the model's, whichever thread compiles:
+    `threads_match`). Later calls skip both: entering the options cost 40 µs a call (six
     calls a decode step), and the full guard checks 1-1.7 ms a target forward (272 parameters)
     while nothing they check changes between the calls of a compiled shape (same module, dtype,
     cache tensors, inference mode). Dynamo then checks only the guards that tell this code
@@ -56,17 +60,40 @@ def compiled_call(compiling: bool, *modules: nn.Module) -> contextlib.AbstractCo
     not a graph silently compiled without our options). After a compile the new graph's packed
     weights are shared with earlier graphs' equal ones (eagle/compiled/shared_constants.py)."""
     if compiling:
-        return _compiling(modules)
+        return _compiling(modules, threads)
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
 
 
+def threads_match(compiled_at: int) -> bool:
+    """Whether the calling thread may run graphs compiled at `compiled_at` torch threads.
+
+    Dynamo keys a graph by the caller's `torch.get_num_threads()` (inductor builds the count into its C++
+    loops), so a call at another count would compile every graph again, and under `compiled_call`'s stance
+    fails instead. A runner's graphs compile at the count its model was built with; at another count (the
+    user changed it after loading) its forwards run eagerly, said once."""
+    threads = torch.get_num_threads()
+    if threads == compiled_at:
+        return True
+    if (compiled_at, threads) not in _WARNED:
+        _WARNED.add((compiled_at, threads))
+        log.warning("torch runs %d threads, the decoder's graphs were compiled at %d: decoding eagerly (slower) "
+                    "until the count is set back (torch.set_num_threads(%d)) or the model is loaded again",
+                    threads, compiled_at, compiled_at)
+    return False
+
+
 @contextlib.contextmanager
-def _compiling(modules: tuple[nn.Module, ...]):
+def _compiling(modules: tuple[nn.Module, ...], threads: int | None):
     """Our options while a graph compiles; then its packed weights shared with the graphs before it
     (eagle/compiled/shared_constants.py), and no second copy of the graph kept for torch's
     `save_cache_artifacts` (`_unrecorded`)."""
-    with inductor.patch(**compile_options(*modules)), sharing(), _unrecorded():
-        yield
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        with inductor.patch(**compile_options(*modules)), sharing(), _unrecorded():
+            yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _unrecorded() -> contextlib.AbstractContextManager:

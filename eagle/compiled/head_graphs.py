@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from eagle.compiled.graph_cache import compiled_call
+from eagle.compiled.graph_cache import compiled_call, threads_match
 from eagle.compiled.target_graphs import bucket, padded_mask, pending_shapes
 from eagle.heads.eagle2 import KVCache
 
@@ -62,6 +62,7 @@ class CompiledHead:
         self._eager = {self._forward: self._head_rows, self._logp: self._log_probs}  # each graph's eager code
         self.compile_seconds = 0.0  # the first calls of each shape, summed
         self.shapes: set[tuple] = set()  # ("head", L, rows, feature width) and ("scorer", rows) compiled so far
+        self.threads = torch.get_num_threads()  # the model's: its graphs compile and run at it (threads_match)
         self.defer = False  # True: a shape not compiled yet runs eagerly and waits in `missing` (see `prepare`)
         self.missing: set[tuple] = set()  # head shapes run eagerly, to compile between generations
         self.reached = 0  # rows the latest head call filled (past + rows)
@@ -131,13 +132,15 @@ class CompiledHead:
         and scorer's weights: eagle/compiled/graph_cache.py) at the shape's first call; under `defer` (and not
         compile_now) a shape not compiled yet runs eagerly and joins `missing`."""
         compiling = shape not in self.shapes
+        if not threads_match(self.threads):
+            return self._eager[fn](*args)
         if compiling and self.defer and not compile_now:
             self.missing.add(shape)
             return self._eager[fn](*args)
         if compiling:
             log.info("compiling the draft's %s for shape %s (once per process)", shape[0], shape[1:])
         start = time.perf_counter()
-        with compiled_call(compiling, self.head, self.scorer):
+        with compiled_call(compiling, self.head, self.scorer, threads=self.threads):
             out = fn(*args)
         if compiling:
             self.shapes.add(shape)

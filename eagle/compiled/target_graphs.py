@@ -58,7 +58,8 @@ from torch import nn
 from torch.profiler import record_function
 from transformers import StaticCache
 
-from eagle.compiled.graph_cache import compiled_call
+from eagle.common.forward_lock import eager_forward, one_forward
+from eagle.compiled.graph_cache import compiled_call, threads_match
 from eagle.compiled.grouped_attention import GROUPED, grouped_sdpa_applies, install_grouped_sdpa
 from eagle.decoding.kv_commit import move_rows
 from eagle.decoding.tree import Tree
@@ -127,6 +128,7 @@ class CompiledTarget:
             install_grouped_sdpa()
         self.compile_seconds = 0.0  # the first calls of each shape, summed
         self.shapes: set[tuple[int, int, bool]] = set()  # (bucket, rows or ANY_ROWS, hidden) compiled so far
+        self.threads = torch.get_num_threads()  # the model's: its graphs compile and run at it (threads_match)
         self.defer = False  # True: a shape not compiled yet runs eagerly and waits in `missing` (see `prepare`)
         self.missing: set[tuple[int, int, bool]] = set()  # shapes run eagerly, to compile between generations
         self.reached = 0  # rows the latest forward filled (past + rows)
@@ -180,8 +182,8 @@ class CompiledTarget:
         """Eager forward of the prompt [1, S] into the bucket that holds it and `room` more rows; HF's output."""
         self.cache = self._bucket(bucket(input_ids.shape[1] + room))
         self.cache.reset()
-        return self.target(input_ids=input_ids, past_key_values=self.cache, use_cache=True,
-                           output_hidden_states=hidden)
+        return eager_forward(self.target, input_ids=input_ids, past_key_values=self.cache, use_cache=True,
+                             output_hidden_states=hidden)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, past: int,
                 hidden: bool):
@@ -238,9 +240,11 @@ class CompiledTarget:
                       cache_position=torch.arange(past, past + rows, device=tokens.device), attention_mask=mask,
                       past_key_values=self.cache, use_cache=True, output_hidden_states=hidden,
                       **({GROUPED: True} if self.grouped else {}))
+        if not threads_match(self.threads):
+            return eager_forward(self.target, **kwargs)
         if compiling and self.defer and not compile_now:
             self.missing.add(shape)
-            return self.target(**kwargs)
+            return eager_forward(self.target, **kwargs)
         if hidden:
             for name, dim in ROW_DIMS:
                 torch._dynamo.mark_dynamic(kwargs[name], dim, min=MIN_ROWS, max=MAX_ROWS)
@@ -248,7 +252,7 @@ class CompiledTarget:
             what = f"{MIN_ROWS}-{MAX_ROWS} rows" if hidden else f"{rows} row{'s' * (rows > 1)}"
             log.info("compiling the target's forward of %s over a %d-row cache (once per process)", what, self.size)
         start = time.perf_counter()
-        with compiled_call(compiling, self.target):
+        with one_forward(), compiled_call(compiling, self.target, threads=self.threads):
             out = self._compiled(**kwargs)
         if compiling:
             self.shapes.add(shape)

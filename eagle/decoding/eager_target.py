@@ -17,6 +17,7 @@ from torch import nn
 from torch.profiler import record_function
 from transformers import DynamicCache
 
+from eagle.common.forward_lock import eager_forward
 from eagle.decoding.kv_commit import commit_cache, prepare_cache
 from eagle.decoding.tree import Tree, sliding_tree_mask, tree_attention_mask
 
@@ -31,7 +32,8 @@ class EagerTarget:
         """The prompt [1, S] with hidden states into a new cache (`room` is a compiled runner's concern)."""
         cache = DynamicCache(config=self.target.config)
         prepare_cache(cache)  # sliding-window layers keep a tree's rows until commit
-        out = self.target(input_ids=input_ids, past_key_values=cache, use_cache=True, output_hidden_states=True)
+        out = eager_forward(self.target, input_ids=input_ids, past_key_values=cache, use_cache=True,
+                            output_hidden_states=True)
         commit_cache(cache, input_ids.shape[1], torch.zeros(0, dtype=torch.long))  # sliding layers: their window
         return out, cache
 
@@ -42,8 +44,8 @@ class EagerTarget:
         with record_function("eagle.verify.mask"):
             mask = self.tree_masks(tree, cache, past, tokens.device)
         with record_function("eagle.verify.forward"):
-            return self.target(input_ids=tokens[None], position_ids=positions[None], attention_mask=mask,
-                               past_key_values=cache, use_cache=True, output_hidden_states=True)
+            return eager_forward(self.target, input_ids=tokens[None], position_ids=positions[None],
+                                 attention_mask=mask, past_key_values=cache, use_cache=True, output_hidden_states=True)
 
     def keep_rows(self, cache: DynamicCache, past: int, path: torch.Tensor) -> None:
         """Keep tree nodes `path` [n] after the `past` committed rows (in place)."""
@@ -52,11 +54,12 @@ class EagerTarget:
     def plain_prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
         """Plain decoding's prompt [1, S]: its last logits [V] and a new cache."""
         cache = DynamicCache(config=self.target.config)
-        return self.target(input_ids=input_ids, past_key_values=cache, use_cache=True).logits[0, -1], cache
+        out = eager_forward(self.target, input_ids=input_ids, past_key_values=cache, use_cache=True)
+        return out.logits[0, -1], cache
 
     def plain_step(self, cache: DynamicCache, token: torch.Tensor, past: int) -> torch.Tensor:
         """One token [1] after the cache's rows (`past` of them); its logits [V]."""
-        return self.target(input_ids=token[None], past_key_values=cache, use_cache=True).logits[0, -1]
+        return eager_forward(self.target, input_ids=token[None], past_key_values=cache, use_cache=True).logits[0, -1]
 
     def tree_masks(self, tree: Tree, cache: DynamicCache, past: int,
                    device: torch.device) -> torch.Tensor | dict[str, torch.Tensor]:

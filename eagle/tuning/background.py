@@ -57,7 +57,7 @@ def reply_beside_work(one_thread: bool):
     interval, threads = sys.getswitchinterval(), torch.get_num_threads()
     sys.setswitchinterval(min(interval, SWITCH_INTERVAL))
     if one_thread:
-        torch.set_num_threads(1)  # this thread's setting only
+        torch.set_num_threads(1)  # this thread's count, and the one a thread starts with (BackgroundWork sets its own)
     try:
         yield
     finally:
@@ -84,6 +84,7 @@ class BackgroundWork:
         self.done = threading.Event()
         self.error: BaseException | None = None
         self.seconds = 0.0
+        self.threads = torch.get_num_threads()  # the creator's: the thread's graphs and timings run at it
         self.thread = threading.Thread(target=self._run, name=f"eagle-{type(self).__name__.lower()}", daemon=True)
 
     def start(self):
@@ -120,6 +121,7 @@ class BackgroundWork:
             self.idle.wait()
         if self.stopping:
             raise Stopped
+        torch.set_num_threads(self.threads)  # the model's count (see `_run`), whatever changed it meanwhile
         self.working = True
 
     def _work(self) -> None:
@@ -128,6 +130,10 @@ class BackgroundWork:
     def _run(self) -> None:
         start = time.perf_counter()
         try:
+            # A thread takes torch's process-wide count at its first op: 1 if that falls inside a reply's
+            # `reply_beside_work(one_thread=True)`. Graphs compiled at another count than the model's are
+            # slower, and its calls from the model's thread could not run them (graph_cache.threads_match).
+            torch.set_num_threads(self.threads)
             allow_a_graph_per_shape()  # dynamo's config is per thread
             with torch.inference_mode():
                 self._work()

@@ -6,8 +6,8 @@ bucket) runs eagerly over the same cache instead of compiling in the middle of a
 minutes a graph), and its runner notes the shape (`missing`). When a generation ends, the shapes
 the runners missed, and the next bucket's twins of the bucket in use once a reply has filled half
 of it (`pending`), compile in a daemon thread, one graph at a time while the model is idle. A
-generation that starts while a graph compiles decodes that reply through the eager runners, on
-one thread.
+generation that starts while a graph compiles waits for it (an eager forward may not run beside a
+compile: eagle/common/forward_lock.py), then decodes through the graphs.
 
     with compiled_generation(model):   # eagle/tuning/warmup.py generation(), compiled runners
         ...                             # the reply; then the pending shapes compile in the background
@@ -18,7 +18,8 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from eagle.tuning.background import BackgroundWork, reply_beside_work, runner_lock
+from eagle.common.forward_lock import WAIT_SAID
+from eagle.tuning.background import BackgroundWork, runner_lock
 
 log = logging.getLogger("eagle")
 START_DELAY = 2.0  # seconds after a reply before the first graph compiles (a piped question exits first)
@@ -50,25 +51,22 @@ class CompileAhead(BackgroundWork):
 
 @contextlib.contextmanager
 def compiled_generation(model):
-    """Around a generation through the compiled runners: holds their lock and defers shapes without a
-    graph (`compile_ahead`); when a background compile holds the runners, decodes eagerly on one thread.
-    Afterwards starts compiling the pending shapes, if any."""
+    """Around a generation through the compiled runners: holds their lock (waiting for a graph the
+    background is compiling, said when it takes a while) and defers shapes without a graph
+    (`compile_ahead`). Afterwards starts compiling the pending shapes, if any."""
     ahead = model.ahead if model.ahead is not None and not model.ahead.done.is_set() else None
     if ahead is not None:
         ahead.idle.clear()  # its next graph waits for the end of this reply
     lock = runner_lock(model.target)
+    if not lock.acquire(timeout=WAIT_SAID):
+        log.info("a graph is compiling in the background: this reply starts when it is done")
+        lock.acquire()
     try:
-        if lock.acquire(blocking=False):
-            try:
-                for runner in model.runners:
-                    runner.defer = model.compile_ahead
-                yield
-            finally:
-                lock.release()
-        else:
-            with _eager_on_one_thread(model):
-                yield
+        for runner in model.runners:
+            runner.defer = model.compile_ahead
+        yield
     finally:
+        lock.release()
         if ahead is not None:
             ahead.resume()
     if model.compile_ahead:
@@ -85,15 +83,3 @@ def start_if_pending(model) -> None:
     if pending:
         log.info("compiling %d graph(s) for longer contexts in the background", pending)
         model.ahead = CompileAhead(model).start()
-
-
-@contextlib.contextmanager
-def _eager_on_one_thread(model):
-    """The eager runners for one generation, on one thread, while a graph compiles beside it."""
-    log.info("a graph is compiling in the background: this reply decodes eagerly")
-    model.use_runners(compiled=False)
-    try:
-        with reply_beside_work(one_thread=True):
-            yield
-    finally:
-        model.use_runners(compiled=True)
