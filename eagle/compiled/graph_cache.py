@@ -47,12 +47,13 @@ _DIGESTS: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary(
 _WARNED: set[tuple[int, int]] = set()  # (compiled at, called at) thread counts already reported
 
 
-def compiled_call(compiling: bool, *modules: nn.Module, threads: int | None = None) -> contextlib.AbstractContextManager:
+def compiled_call(compiling: bool, *modules: nn.Module,
+                  threads: int | None = None) -> contextlib.AbstractContextManager:
     """The context of one call of a graph over `modules`' weights.
 
     While a shape compiles (`compiling`: the caller has not run it before): `compile_options`, all of
     dynamo's guards, and torch's thread count set to `threads` (the model's, whichever thread compiles:
-    `threads_match`). Later calls skip both: entering the options cost 40 µs a call (six
+    `threads_match`). Later calls skip the options and guards: entering the options cost 40 µs a call (six
     calls a decode step), and the full guard checks 1-1.7 ms a target forward (272 parameters)
     while nothing they check changes between the calls of a compiled shape (same module, dtype,
     cache tensors, inference mode). Dynamo then checks only the guards that tell this code
