@@ -38,6 +38,7 @@ from torch import nn
 from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from eagle.common.env_choice import env_choice
+from eagle.common.forward_lock import one_forward
 from eagle.compiled import gemv
 from eagle.compiled.shared_constants import sharing
 
@@ -85,13 +86,14 @@ def threads_match(compiled_at: int) -> bool:
 
 @contextlib.contextmanager
 def _compiling(modules: tuple[nn.Module, ...], threads: int | None):
-    """Our options while a graph compiles; then its packed weights shared with the graphs before it
+    """Our options while a graph compiles, with no forward of a model in another thread meanwhile; then
+    its packed weights shared with the graphs before it
     (eagle/compiled/shared_constants.py), and no second copy of the graph kept for torch's
     `save_cache_artifacts` (`_unrecorded`)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)
-    try:
-        with inductor.patch(**compile_options(*modules)), sharing(), _unrecorded():
+    try:  # no eager forward beside a compile (eagle/common/forward_lock.py)
+        with one_forward(), inductor.patch(**compile_options(*modules)), sharing(), _unrecorded():
             yield
     finally:
         torch.set_num_threads(before)

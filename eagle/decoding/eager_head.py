@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from eagle.common.forward_lock import one_forward
 from eagle.decoding.tree import additive_mask, causal_mask
 from eagle.heads.draft_vocab import DraftVocabulary
 from eagle.heads.eagle2 import KVCache
@@ -30,9 +31,11 @@ class EagerHead:
             mask = causal_mask(embeds.shape[0], past[0].shape[2], embeds.dtype) if allowed is None else \
                 additive_mask(allowed, embeds.dtype)
             mask = mask.to(embeds.device)
-        hidden, past = self.head(features[None], embeds[None], positions[None], mask, past)
+        with one_forward():  # not beside another thread's compile (eagle/common/forward_lock.py)
+            hidden, past = self.head(features[None], embeds[None], positions[None], mask, past)
         return hidden[0], past
 
     def logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft log-probs [m, Vd] (fp32, CPU) of head outputs [m, H]."""
-        return self.vocab.logp(hidden)
+        with one_forward():
+            return self.vocab.logp(hidden)
