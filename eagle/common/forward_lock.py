@@ -15,10 +15,10 @@ the other forward's list and came back with too few (an IndexError in the decode
 meanwhile could see the attribute set and fail its guards at its next call. And inductor's passes
 trace with `torch.fx`, which patches `nn.Module.__call__` for the whole process while it traces: an
 eager forward (of the target or the head) beside another thread's compile went through the tracer
-("module is not installed as a submodule"). So forwards and compiles take one process-wide lock: uncontended, well under a
-microsecond a forward. A compile holds it throughout (a reply beside one waits for it, and says
-so): releasing it while inductor lowers the graph would invert the order against dynamo's own
-compile lock.
+("module is not installed as a submodule"). So forwards and compiles take one process-wide lock:
+uncontended, well under a microsecond a forward. A compile holds it throughout (a reply beside one
+waits for it, and says so): releasing it while inductor lowers the graph would invert the order
+against dynamo's own compile lock.
 """
 
 from __future__ import annotations
