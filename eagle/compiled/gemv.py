@@ -17,8 +17,8 @@ the compiled forward (docs/findings.md). Hence:
 Only our compiled graphs change (eagle/compiled/graph_cache.py runs `rewrite_linears` as their post-grad pass):
 the model's modules and every eager forward of them (HF `generate`, the eager runners, a prompt's prefill) keep
 ATen's matmuls. The reply engine (data_prep/batched_decoding.py) does not take it: its steps are mostly
-hundreds of rows, and a run of 256 conversations was no faster with it (793 against 818 tok/s). The pass takes each matmul of a
-bf16 2-D input by the transpose of a bf16 weight [O, I] (what `nn.Linear` without bias becomes); fp32 graphs
+hundreds of rows, and a run of 256 conversations was no faster with it (docs/speed.md). The pass takes each
+matmul of a bf16 2-D input by the transpose of a bf16 weight [O, I] (what `nn.Linear` without bias becomes); fp32 graphs
 keep ATen's and the template's matmuls and their exact greedy equality with eager decoding. Rows past
 MAX_ROWS take ATen's linear inside the op. A row's output does not depend on the rows beside it, so a
 verify's rows equal a plain step's bit for bit. The kernel is built at a machine's first use (~20 s,

@@ -31,7 +31,8 @@ from eagle.tuning.compile_ahead import compiled_generation
 from eagle.tuning.tuner import calibration_prompts
 
 log = logging.getLogger("eagle")
-PROVISIONAL = (4, 1)  # (total_token, depth) decoded with, eagerly, until a pick is tuned (eager wide verifies cost more)
+# (total_token, depth) decoded with, eagerly, until a pick is tuned (wide eager verifies cost more)
+PROVISIONAL = (4, 1)
 FIRST_WAIT = 3.0  # seconds the background work waits for a first generation to begin (and then to end)
 COMPILE_TOKENS = 24  # new tokens of the calibration decoding that compiles the chosen shapes
 
