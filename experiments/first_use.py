@@ -20,8 +20,8 @@ import time
 
 import torch
 
-from data_prep.prompt_sets import load_questions, round_robin
-from eagle.targets.tokenizer import chat_prompt
+from data_prep.prompt_sets import held_back_prompts
+from train.judge import encode_prompts
 
 
 def replies(model, prompts: list[torch.Tensor], seconds: float, max_new_tokens: int, start: float) -> list[dict]:
@@ -62,8 +62,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch.set_num_threads(args.threads)
     start = time.perf_counter()
     model = EaModel.from_pretrained(args.base, args.head, torch_dtype=getattr(torch, args.dtype))
-    prompts = [chat_prompt(model.tokenizer, [{"role": "user", "content": q.turns[0]}])
-               for q in round_robin(load_questions("mtbench"))[: args.prompts]]
+    prompts = encode_prompts(model.tokenizer, held_back_prompts("mtbench", args.prompts))
     result = summary(replies(model, prompts, args.seconds, args.max_new_tokens, start))
     print(json.dumps(result), flush=True)
     if result["compiled_after_s"] is None:
