@@ -1,6 +1,6 @@
 """The draft head at fixed shapes (eagle/compiled/head_graphs.py): its compiled forward over a preallocated
-buffer gives the eager head's outputs and drafts (fp32), for one- and two-layer EAGLE-2 heads and an
-EAGLE-3 head, with padded rows and across a buffer that grows; each shape compiles once."""
+buffer gives the eager head's outputs and drafts (fp32), for one- and two-layer EAGLE-2 and EAGLE-3
+heads, with padded rows and across a buffer that grows; each shape compiles once."""
 
 import pytest
 import torch
@@ -15,17 +15,21 @@ SETTINGS = TreeSettings(total_token=8, depth=3, top_k=3)
 
 def _pair(kind: str):
     target = tiny_llama(seed=3)
-    head = random_eagle3_head(target) if kind == "eagle3" else random_head(target, seed=4, layers=int(kind[-1]))
+    layers = int(kind[-1])
+    if kind.startswith("eagle3"):
+        head = random_eagle3_head(target, num_hidden_layers=layers)
+    else:
+        head = random_head(target, seed=4, layers=layers)
     return [EaModel(target, head, settings=SETTINGS, compile=compile) for compile in (False, True)]
 
 
-@pytest.mark.parametrize("kind", ["layers1", "layers2", "eagle3"])
+@pytest.mark.parametrize("kind", ["layers1", "layers2", "eagle3_layers1", "eagle3_layers2"])
 def test_compiled_head_encodes_and_drafts_what_the_eager_head_does(kind):
     """Prefill, then commits of 1-8 rows that carry the cache from the 256-row buffer into a 512-row one,
     and a 3-level draft after each: the same head outputs, draft log-probs and candidates."""
     models = _pair(kind)
     ids = prompt(0, 180)
-    width = models[0].head.fc.in_features // 2 if kind != "eagle3" else models[0].head.fc.in_features
+    width = models[0].head.fc.in_features // 2 if not kind.startswith("eagle3") else models[0].head.fc.in_features
     commits = (1, 3, 8, 5, 8, 8, 8, 8, 8, 8, 8, 8)
     with torch.inference_mode():
         states = [m.prefill(ids)[0] for m in models]

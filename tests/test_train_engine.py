@@ -454,6 +454,34 @@ def test_eagle3_head_trains_exports_and_decodes_losslessly(tiny3, tmp_path):
     assert torch.equal(model.eagenerate(ids, max_new_tokens=20), ref)
 
 
+def test_an_eagle3_fine_tune_deepened_by_a_layer_starts_as_its_start_and_trains_it(tiny3, tmp_path):
+    """train.head_layers=2 on a one-layer start: the step-0 head computes the start's drafts (the new
+    layer adds zero), Muon then moves the new layer, and the export is a two-layer head that decodes
+    losslessly."""
+    from eagle.model import EaModel
+    from eagle.decoding.settings import TreeSettings
+
+    common = ("head=eagle3", "model.feature_layers=[0,1,-1]", "train.ttt_steps=2", "train.draft_vocab=64",
+              "train.optimizer=muon", "train.lr=0.001", "train.warmup_steps=1")
+    first = Trainer(make_cfg(tiny3, tmp_path / "a", *common, "train.max_steps=3")).fit().head_dir
+    second = Trainer(make_cfg(tiny3, tmp_path / "b", *common, "train.max_steps=4", "train.head_layers=2",
+                              f"train.init_head={first}"))
+    start = load_head(first, dtype=torch.float32)
+    module = second.engine.module
+    layer = module.layers["1"]
+    assert not layer.self_attn.o_proj.weight.any() and not layer.mlp.down_proj.weight.any()
+    before = second.evaluate()
+    result = second.fit()
+    head = load_head(result.head_dir, dtype=torch.float32)
+    assert head.config.num_hidden_layers == 2 and head.layers["1"].mlp.down_proj.weight.any()
+    assert start.config.num_hidden_layers == 1 and result.eval_metrics["token_loss"] < before["token_loss"]
+    target = tiny_llama(seed=0)
+    model = EaModel(target, head, settings=TreeSettings(total_token=10, depth=3, top_k=3))
+    ids = torch.randint(3, 128, (1, 9), generator=torch.Generator().manual_seed(1))
+    ref = target.generate(ids, do_sample=False, max_new_tokens=16, attention_mask=torch.ones_like(ids))
+    assert torch.equal(model.eagenerate(ids, max_new_tokens=16), ref)
+
+
 def test_a_frozen_eagle3_lm_head_keeps_the_targets_rows_while_the_rest_trains(tiny3, tmp_path):
     """train.freeze_lm_head (speculators' default): only fc, the layer and the norms move."""
     cfg = make_cfg(tiny3, tmp_path, "head=eagle3", "model.feature_layers=[0,1,-1]", "train.max_steps=5",

@@ -26,11 +26,11 @@ def head_and_inputs(kind: str):
         return head, head.config.hidden_size
     from tests.tiny import random_eagle3_head
 
-    head = random_eagle3_head(tiny_llama(0), layers=(0, 1, 2), seed=1)
+    head = random_eagle3_head(tiny_llama(0), layers=(0, 1, 2), seed=1, num_hidden_layers=int(kind.partition("x")[2] or 1))
     return head, 3 * head.config.hidden_size
 
 
-@pytest.mark.parametrize("kind", ["eagle2", "eagle2x2", "eagle3"])
+@pytest.mark.parametrize("kind", ["eagle2", "eagle2x2", "eagle3", "eagle3x2"])
 @pytest.mark.parametrize("steps", [2, 3])
 def test_unrolled_pass_equals_inference_chain(steps, kind):
     head, width = head_and_inputs(kind)
@@ -38,7 +38,7 @@ def test_unrolled_pass_equals_inference_chain(steps, kind):
     feats, embeds = torch.randn(b, s, width), torch.randn(b, s, h)
     pos = torch.arange(s).expand(b, -1)
     with torch.no_grad():
-        outs = unrolled_forward(head, feats, embeds, pos, steps, detach=kind != "eagle3")
+        outs = unrolled_forward(head, feats, embeds, pos, steps, detach=not kind.startswith("eagle3"))
         for i in range(1, steps):
             for j in range(i, s):
                 c = j - i + 1  # committed rows 0 .. j-i (true features)

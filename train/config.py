@@ -34,6 +34,7 @@ class TrainConfig:
     head: str = "eagle2"  # eagle2 | eagle3 (set by the `head` config group)
     fc_bias: bool = True  # EAGLE-1/2: fc has a bias (EAGLE's, SGLang's); false for a head vLLM can serve
     eagle3_norms: bool = False  # EAGLE-3: speculators' variant (norm before fc, normed residual, normed output)
+    head_layers: int | None = None  # decoder layers of the head (None: 1, or init_head's); more than init_head's deepens it
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     weight_decay: float = 0.0
     optimizer: str = "adamw"  # adamw | muon (train/optimizers.py: Muon for the weight matrices, AdamW for the rest)
@@ -133,6 +134,8 @@ def validate(cfg: DictConfig) -> DictConfig:
         raise ValueError("train.grad_accum must be >= 1 and train.batch_tokens >= 2")
     if t.ttt_steps < 1:
         raise ValueError("train.ttt_steps must be >= 1 (1 = plain EAGLE training)")
+    if t.head_layers is not None and t.head_layers < 1:
+        raise ValueError(f"train.head_layers={t.head_layers}: a head has at least one decoder layer")
     if t.topk < 1:
         raise ValueError("train.topk must be >= 1")
     if t.tau_every < 0 or t.tau_min_steps < 0 or t.tau_num_prompts < 1 or t.tau_max_new_tokens < 1:

@@ -38,7 +38,7 @@ class CardInfo:
     metrics: dict[str, float] = field(default_factory=dict)
     config: dict = field(default_factory=dict)  # the train section
     code_version: str = "unknown"
-    head_layers: int = 1  # decoder layers of an EAGLE-1/2 head
+    head_layers: int = 1  # decoder layers of the head
     draft_vocab: int | None = None  # tokens the draft scores (None: the whole vocabulary)
     vocab_coverage: float = 1.0  # share of the training tokens inside the draft vocabulary
     earlier: list[Stage] = field(default_factory=list)  # the starting head's stages (train/stages.py)
@@ -61,7 +61,9 @@ def _architecture(info: CardInfo) -> str:
         lm_head = "the target's lm_head rows, frozen, over a" if frozen else "its own lm_head over a"
         layer = ("speculators' layer variant (RMSNorms on the fused input, before the residual and on the output)"
                  if c.get("eagle3_norms") else "EAGLE-3's published layer")
-        return (f"An EAGLE-3 draft head (fc over three target layers, one decoder layer, {lm_head} "
+        n = info.head_layers
+        layers = "one decoder layer" if n == 1 else f"{n} decoder layers (`midlayer`, then `layers.1` on)"
+        return (f"An EAGLE-3 draft head (fc over three target layers, {layers}, {lm_head} "
                 f"{c.get('draft_vocab')}-token draft vocabulary mapped by `d2t`/`t2d`; {layer}) for lossless "
                 f"speculative decoding of {_target(info)}. The token embedding is the target's and is not stored here.")
     n = info.head_layers

@@ -1,7 +1,8 @@
 """The head a run trains, sized from its target, and the check that the store feeds that head.
 
 - EAGLE-1/2 (`head=eagle2`): one decoder layer over the target's last hidden state, sized like
-  the target's layers; a fine-tune (`train.init_head`) keeps its starting head's shape (`keep_start_shape`).
+  the target's layers; a fine-tune (`train.init_head`) keeps its starting head's shape (`keep_start_shape`),
+  but `train.head_layers` may stack more decoder layers on it (`deepen`; either head type).
   `train.fc_bias=false` drops the fc bias, which vLLM's EAGLE-1 model has no place for.
 - EAGLE-3 (`head=eagle3`): fuses `model.feature_layers` minus the last one, has no fc bias and its
   own lm_head of `train.draft_vocab` rows (eagle/heads/feature_layers.py); `train.eagle3_norms=true`
@@ -44,7 +45,18 @@ def draft_config(target_dir: Path, cfg: DictConfig, start: Head | None = None, w
         as_eagle3(draft, fused, min(int(size), draft.vocab_size), bool(cfg.train.eagle3_norms))
     if start is not None:
         keep_start_shape(draft, start.config, str(cfg.train.init_head), widen)
+    deepen(draft, cfg.train.get("head_layers"), start.config if start is not None else None, str(cfg.train.init_head))
     return draft
+
+
+def deepen(draft: DraftConfig, layers: int | None, start: DraftConfig | None, name: str) -> None:
+    """`train.head_layers` decoder layers; a fine-tune's start may gain layers, never lose them."""
+    if layers is None:
+        return
+    if start is not None and layers < start.num_hidden_layers:
+        raise ValueError(f"train.head_layers={layers}: train.init_head={name} has {start.num_hidden_layers} "
+                         f"layers; a fine-tune keeps them all")
+    draft.num_hidden_layers = int(layers)
 
 
 def keep_start_shape(draft: DraftConfig, start: DraftConfig, name: str, widen: bool = False) -> None:

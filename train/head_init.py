@@ -4,7 +4,8 @@ Resuming a run (train/checkpoints.py) overrides both. A fresh EAGLE-3 head may s
 lm_head and final norm from the target's (`train.init_lm_head`): the target's rows of its
 draft vocabulary, so its output space is the target's from step 0. A fine-tune of an EAGLE-3 head
 whose lm_head rows are the target's may widen its draft vocabulary (`widened_lm_head`): rows are
-appended, none moves, so the start's drafts score as before.
+appended, none moves, so the start's drafts score as before. A fine-tune may also stack decoder layers
+on its start (`train.head_layers`, `load_deepened`): they add nothing until training moves them.
 """
 
 from __future__ import annotations
@@ -43,9 +44,28 @@ def initial_head(config: DraftConfig, start: Head | None = None, start_name: str
         state["lm_head.weight"] = widened_lm_head(state["lm_head.weight"], lm_head_rows)
         log.info("draft vocabulary widened from %d to %d tokens: the target's rows of the new ones appended",
                  s.draft_vocab_size, config.draft_vocab_size)
-    head.load_state_dict(state)
+    if config.num_hidden_layers > s.num_hidden_layers:
+        load_deepened(head, state, s.num_hidden_layers)
+        log.info("%d decoder layers stacked on the starting head's %d, their output projections zero",
+                 config.num_hidden_layers - s.num_hidden_layers, s.num_hidden_layers)
+    else:
+        head.load_state_dict(state)
     log.info("initialised the head from %s", start_name)
     return head
+
+
+@torch.no_grad()
+def load_deepened(head: Head, state: dict[str, torch.Tensor], start_layers: int) -> None:
+    """A deeper head from a start's weights `state`: layers `start_layers`.. keep their fresh weights but
+    add nothing yet (attention's o_proj and the MLP's down_proj zero), so the head computes what the start
+    did, and the first gradients reach those projections."""
+    new = tuple(f"layers.{i}." for i in range(start_layers, head.config.num_hidden_layers))
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if unexpected or any(not key.startswith(new) for key in missing):
+        raise ValueError(f"a deeper head's weights: unexpected {unexpected}, missing {missing}")
+    for key, weight in head.state_dict(keep_vars=True).items():
+        if key.startswith(new) and key.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight")):
+            weight.zero_()
 
 
 def lm_head_is_targets(start: Head, target_lm_head: torch.Tensor) -> bool:

@@ -278,16 +278,24 @@ class DraftHead(nn.Module):
         cos_sin = self._rope(x, position_ids)
         if mask is not None:
             mask = mask.to(x.dtype)
-        n = len(self.layers)
-        pasts = [None] * n if past is None else zip(*(t.chunk(n, dim=1) for t in past))  # per layer (k, v)
-        keys, values = [], []
+        pasts, caches = per_layer(past, len(self.layers)), []
         for layer, layer_past in zip(self.layers, pasts):
-            x, (k, v) = layer(x, cos_sin, mask, layer_past, cache_rows=cache_rows)
-            keys.append(k)
-            values.append(v)
-        return x, (_side_by_side(keys), _side_by_side(values))
+            x, kv = layer(x, cos_sin, mask, layer_past, cache_rows=cache_rows)
+            caches.append(kv)
+        return x, side_by_side(caches)
 
 
-def _side_by_side(per_layer: list[torch.Tensor]) -> torch.Tensor:
-    """The layers' [B, kvH, S, D] caches as one [B, layers*kvH, S, D] (a one-layer head's as it is)."""
-    return per_layer[0] if len(per_layer) == 1 else torch.cat(per_layer, dim=1)
+def per_layer(past: KVCache | None, n: int) -> list[KVCache | None]:
+    """Each of `n` layers' (keys, values) [B, kvH, P, D] of a head's cache [B, n*kvH, P, D] (views, so
+    writes into a preallocated cache land in it), or n Nones without a cache."""
+    if past is None or n == 1:
+        return [past] * n
+    return list(zip(*(t.chunk(n, dim=1) for t in past)))
+
+
+def side_by_side(caches: list[KVCache]) -> KVCache:
+    """The layers' [B, kvH, S, D] caches as one [B, layers*kvH, S, D] each (a one-layer head's as it is)."""
+    if len(caches) == 1:
+        return caches[0]
+    keys, values = zip(*caches)
+    return torch.cat(keys, dim=1), torch.cat(values, dim=1)

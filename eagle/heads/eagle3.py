@@ -10,6 +10,11 @@ Differences from the EAGLE-1/2 head (eagle/heads/eagle2.py):
   target tokens (`draft_ids`, saved as d2t/t2d); nothing of the target is reused;
 - deeper drafts feed a_t back in place of g_t (no fc): `forward` fuses only 3H-wide inputs.
 
+EAGLE-3's heads have one decoder layer; `num_hidden_layers` = n > 1 stacks n - 1 plain Llama layers
+(`layers.1` ... `layers.{n-1}`, each over the state alone, H wide) on top of it, as vLLM's EAGLE-3 model
+stacks them, so a_t is the last layer's output. Their KV caches sit side by side like an EAGLE-1/2
+head's ([B, n*kvH, S, D], eagle/heads/eagle2.py).
+
 speculators trains by default a variant (DraftConfig's `norm_before_fc`, `norm_before_residual`,
 `norm_output`): an RMSNorm on the fused input before fc (`input_norm`), the layer adding to the
 normed feature, and a_t normed once by `norm` so that the state fed back is norm(a_t). The flags
@@ -25,7 +30,7 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from eagle.heads.eagle2 import DraftConfig, DraftLayer, DraftRope, KVCache
+from eagle.heads.eagle2 import DraftConfig, DraftLayer, DraftRope, KVCache, per_layer, side_by_side
 
 
 class Eagle3Layer(DraftLayer):
@@ -53,8 +58,8 @@ class Eagle3Head(nn.Module):
         super().__init__()
         if not cfg.draft_vocab_size:
             raise ValueError("an EAGLE-3 head needs draft_vocab_size (the rows of its lm_head)")
-        if cfg.num_hidden_layers != 1:
-            raise ValueError(f"an EAGLE-3 head has one decoder layer, got num_hidden_layers={cfg.num_hidden_layers}")
+        if cfg.num_hidden_layers < 1:
+            raise ValueError(f"an EAGLE-3 head has at least one decoder layer, got num_hidden_layers={cfg.num_hidden_layers}")
         self.config = cfg
         h, n_layers = cfg.hidden_size, len(cfg.feature_layers) or 3
         if n_layers < 2:  # `forward` tells fused inputs from its own states by their width
@@ -63,6 +68,8 @@ class Eagle3Head(nn.Module):
         self.input_norm = LlamaRMSNorm(n_layers * h, eps=cfg.rms_norm_eps) if cfg.norm_before_fc else None
         self.fc = nn.Linear(n_layers * h, h, bias=False)
         self.midlayer = Eagle3Layer(cfg)
+        # layers 1 .. n-1 (none in EAGLE-3's published heads): Llama layers over the state alone
+        self.layers = nn.ModuleDict({str(i): DraftLayer(cfg, norm_input=True) for i in range(1, cfg.num_hidden_layers)})
         self.norm = LlamaRMSNorm(h, eps=cfg.rms_norm_eps)
         self.lm_head = nn.Linear(h, cfg.draft_vocab_size, bias=False)
         self._rope = DraftRope(cfg)
@@ -93,8 +100,13 @@ class Eagle3Head(nn.Module):
         cos_sin = self._rope(hidden, position_ids)
         if mask is not None:
             mask = mask.to(dtype)
-        state, kv = self.midlayer(hidden, token_embeds.to(dtype), cos_sin, mask, past, cache_rows)
-        return (self.norm(state) if self.config.norm_output else state), kv
+        pasts = per_layer(past, self.config.num_hidden_layers)
+        state, kv = self.midlayer(hidden, token_embeds.to(dtype), cos_sin, mask, pasts[0], cache_rows)
+        caches = [kv]
+        for layer, layer_past in zip(self.layers.values(), pasts[1:]):
+            state, kv = layer(state, cos_sin, mask, layer_past, cache_rows=cache_rows)
+            caches.append(kv)
+        return (self.norm(state) if self.config.norm_output else state), side_by_side(caches)
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary logits [..., Vd] of states [..., H] (`forward`'s output)."""

@@ -14,7 +14,8 @@ A head is saved in one of four layouts (`save_head(..., fmt=)`, `python -m train
   the head has none: SGLang always builds one) and the draft vocabulary as `hot_token_map.pt`,
   the file `--speculative-token-map` takes. Refused for speculators' EAGLE-3 variant with
   `norm_before_residual` (`train.eagle3_norms=true`, head=eagle3's default), which SGLang's layer
-  lacks; vLLM and speculators serve all three variant flags, EAGLE's own code none.
+  lacks; vLLM and speculators serve all three variant flags, EAGLE's own code none. An EAGLE-3 head of
+  more than one decoder layer (`layers.1`... after `midlayer`, eagle/heads/eagle3.py) is vLLM's alone.
 - `speculators`: speculators' `speculators_config` layout for EAGLE-3 (`layers.0.*` weights),
   which vLLM also serves; speculators has no EAGLE-1/2 model.
 
@@ -70,6 +71,9 @@ def check_format(fmt: str, cfg: DraftConfig) -> None:
                           "one (norm_before_residual, speculators' variant, train.eagle3_norms=true): it would draft "
                           "from another function; serve this head with vLLM (eagle or speculators layout), or train "
                           "with train.eagle3_norms=false for SGLang")
+    if fmt == "sglang" and cfg.architecture == "eagle3" and cfg.num_hidden_layers > 1:
+        raise FormatError(f"SGLang 0.5.23's EAGLE-3 model has one decoder layer, this head {cfg.num_hidden_layers}: "
+                          "serve it with vLLM (eagle, vllm or speculators layout)")
     if fmt == "vllm" and cfg.architecture == "eagle2" and cfg.fc_bias:
         raise FormatError("vLLM's EAGLE-1 model builds fc without a bias and refuses fc.bias: "
                           "train the head with train.fc_bias=false (or export it as eagle / sglang)")
@@ -267,6 +271,8 @@ def engines(cfg: DraftConfig, fmt: str) -> list[str]:
     (VARIANTS_READ) would load it and draft from another function."""
     if cfg.architecture == "eagle3":
         loaders = ["vllm", "speculators"] if fmt == "speculators" else ["eagle", "vllm", "sglang"]
+        if cfg.num_hidden_layers > 1:  # EAGLE's and SGLang's EAGLE-3 models build one layer; vLLM stacks more
+            loaders = [engine for engine in loaders if engine not in ("eagle", "sglang")]
         return [engine for engine in loaders if not unread_variants(cfg, engine)]
     if fmt == "sglang":
         return ["sglang"]
