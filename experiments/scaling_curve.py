@@ -9,7 +9,8 @@ of every folder is one point: its trainer, the tokens it trained on (`run.json`)
 3-token chain, of our 3-token chain and of our EAGLE-2 tree. Prints the markdown table; `--plot`
 draws τ against tokens on a log axis, one panel per judge, one line per trainer and data (the store's).
 An OUT_DIR may also be an `evaluation.acceptance` output (`--out`): each head it judged that keeps
-a `training.json` (train/stages.py) is a point of the line "ARCH in stages (JUDGE)", at the distinct
+a `training.json` (train/stages.py) is a point of the line "ARCH in stages (JUDGE)" ("ARCH (N layers) ..."
+for a head of N > 1 decoder layers), at the distinct
 tokens of its stages (a stage over data an earlier stage saw adds none, as does a store gathered from earlier
 stages' stores, read from its manifest or named with `--rereads` where the store is gone; a store merged by
 `data_prep.merge_stores` adds the stores it links that no earlier stage saw) and the sum of their steps,
@@ -115,7 +116,9 @@ def staged_points(out: Path, scores: dict, known_rereads: frozenset = frozenset(
         stages = read_stages(head) if (Path(head) / STAGES_FILE).is_file() else []
         if not stages:
             continue
-        arch = json.loads((Path(head) / "config.json").read_text()).get("architecture", "head")
+        config = json.loads((Path(head) / "config.json").read_text())
+        arch, depth = config.get("architecture", "head"), int(config.get("num_hidden_layers", 1))
+        arch += f" ({depth} layers)" if depth > 1 else ""  # a deeper head draws a line of its own
         seen = {}  # store (or data) -> tokens, in stage order: a later pass over the same data adds no tokens
         for stage in stages:
             folder = store_of(stage.data)

@@ -59,10 +59,10 @@ def test_the_record_keeps_earlier_points_and_a_rerun_replaces_its_own(tmp_path):
     scaling_curve.main(["--record", str(record)])  # the record alone redraws
 
 
-def staged_head(folder, stages: list[tuple[str, int, int]]):
+def staged_head(folder, stages: list[tuple[str, int, int]], layers: int = 1):
     """A head folder whose training.json lists (data, tokens, steps) per stage."""
     folder.mkdir(parents=True)
-    (folder / "config.json").write_text(json.dumps({"architecture": "eagle3"}))
+    (folder / "config.json").write_text(json.dumps({"architecture": "eagle3", "num_hidden_layers": layers}))
     (folder / "training.json").write_text(json.dumps({"stages": [
         {"data": f"sharegpt_packaged (~/stores/{data})", "records": 1, "tokens": tokens, "steps": steps, "epochs": 1.0}
         for data, tokens, steps in stages]}))
@@ -84,14 +84,16 @@ def test_an_acceptance_output_adds_each_staged_head_at_its_distinct_tokens(tmp_p
     s1 = [("first", 500_000, 400)]
     two = staged_head(tmp_path / "s2", s1 + [("second", 800_000, 190)])
     again = staged_head(tmp_path / "s3", s1 + [("second", 800_000, 190), ("first", 500_000, 130)])  # a second pass
+    deeper = staged_head(tmp_path / "d", s1 + [("second", 800_000, 190)], layers=2)  # a line of its own
     bare = tmp_path / "old"  # judged, but exported before heads kept their stages: no point
     bare.mkdir()
     out = judged(tmp_path, {two: {"vllm_tau": 1.55, "vllm_accept": [0.4]}, again: {"vllm_tau": 1.6},
-                            bare: {"vllm_tau": 1.4}})
+                            bare: {"vllm_tau": 1.4}, deeper: {"vllm_tau": 1.7}})
     record = tmp_path / "points.json"
     scaling_curve.main([str(out), "--record", str(record)])
     found = scaling_curve.read_record(record)
     assert [(p.trainer, p.data, p.tokens, p.steps, p.scores["vllm_tau"]) for p in found] == [
+        (f"eagle3 (2 layers) in stages ({JUDGE})", "sharegpt_packaged", 1_300_000, 590, 1.7),
         (f"eagle3 in stages ({JUDGE})", "sharegpt_packaged", 1_300_000, 590, 1.55),
         (f"eagle3 in stages ({JUDGE})", "sharegpt_packaged", 1_300_000, 720, 1.6)]
 
