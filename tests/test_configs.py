@@ -105,6 +105,9 @@ def test_the_shipped_recipe_chains_its_stages():
     merged5 = composed("smollm2_eagle3_regen_c0_5")  # stage 24: the shipped stage 23 over conversations 0-8,399
     assert merged5.train.init_head == f"{merged4.output_dir}/head" and merged5.train.epochs == 2
     assert merged5.store_dir.endswith("/regen-c0-8399-regenTrue-len1024-layers2_15_27_-1") and merged5.train.save_every
+    deep2 = composed("smollm2_eagle3_deep2")  # stage 24 with a second decoder layer, on its store
+    assert deep2.train.init_head == f"{merged5.output_dir}/head" and deep2.train.head_layers == 2
+    assert deep2.store_dir == merged5.store_dir and deep2.output_dir != merged5.output_dir
     # EAGLE-2's stage 4: the shipped head on conversations past stage 3's, from EAGLE-3's store of that slice
     eagle2 = composed("smollm2_eagle2_slice4")
     assert eagle2.train.init_head == "checkpoints/eagle-smollm2-135m-instruct" and eagle2.train.keep_init_vocab
@@ -166,6 +169,10 @@ def test_the_plan_costs_store_and_online_and_recommends_one(tmp_path):
     text = "\n".join(trained.lines())
     assert "option store (train.features=store): 674.85 GB" in text and "option online" in text
     assert "memory per rank, train device (head" in text
+    deeper = training_plan(validate(OmegaConf.merge(cfg, {"train": {"head_layers": 2}})))
+    one, two = (int(next(line for line in p.lines() if "train device (head" in line).split("(head ")[1].split("M")[0])
+                for p in (trained, deeper))
+    assert two > one  # the plan counts every decoder layer
     flops_7b = 2 * plan.target.params * plan.tokens  # one forward of 6.7B parameters over 88.4M tokens
     assert choice.target_flops == flops_7b and 3 < (flops_7b + choice.head_flops) / choice.head_flops < 12
     assert choice.epochs == 20 and choice.online_gb > plan.target.params * 2 / GB

@@ -287,7 +287,7 @@ class DraftHead(nn.Module):
 
 def per_layer(past: KVCache | None, n: int) -> list[KVCache | None]:
     """Each of `n` layers' (keys, values) [B, kvH, P, D] of a head's cache [B, n*kvH, P, D] (views, so
-    writes into a preallocated cache land in it), or n Nones without a cache."""
+    writes into a preallocated cache land in it); `past` itself for one layer or without a cache."""
     if past is None or n == 1:
         return [past] * n
     return list(zip(*(t.chunk(n, dim=1) for t in past)))
