@@ -45,7 +45,7 @@ def draft_config(target_dir: Path, cfg: DictConfig, start: Head | None = None, w
         as_eagle3(draft, fused, min(int(size), draft.vocab_size), bool(cfg.train.eagle3_norms))
     if start is not None:
         keep_start_shape(draft, start.config, str(cfg.train.init_head), widen)
-    deepen(draft, cfg.train.get("head_layers"), start.config if start is not None else None, str(cfg.train.init_head))
+    deepen(draft, cfg.train.head_layers, start.config if start is not None else None, str(cfg.train.init_head))
     return draft
 
 

@@ -210,7 +210,7 @@ def head_parameters(t: TargetSizes, extra: int, draft_rows: int, tr) -> HeadPara
     cfg = DraftConfig(hidden_size=t.hidden, intermediate_size=t.intermediate, num_attention_heads=heads,
                       num_key_value_heads=t.kv_heads or heads, vocab_size=t.vocab,
                       head_dim=t.head_dim or t.hidden // heads, fc_bias=bool(tr.fc_bias),
-                      num_hidden_layers=int(tr.get("head_layers") or 1))
+                      num_hidden_layers=int(tr.head_layers or 1))
     if extra:
         as_eagle3(cfg, list(range(extra)), draft_rows, bool(tr.eagle3_norms))
     with torch.device("meta"):
