@@ -48,6 +48,7 @@ VOCAB_KEYS = ("d2t", "t2d", "draft_rank")
 LAYER_VARIANTS = ("norm_before_fc", "norm_before_residual", "norm_output")  # DraftConfig's EAGLE-3 variants
 VARIANTS_READ = {"eagle": (), "sglang": ("norm_before_fc", "norm_output"),  # which of them each engine's layer has
                  "vllm": LAYER_VARIANTS, "speculators": LAYER_VARIANTS}
+LAYERS_BUILT = {"eagle": 1, "sglang": 1}  # EAGLE-3 decoder layers an engine's model builds (vLLM's stacks any number)
 _ARCH = {  # (SGLang's EAGLE-1/2 layout?, architecture) -> config "architectures"
     (False, "eagle2"): "LlamaForCausalLM",  # EAGLE's published EAGLE-1/2 heads; vLLM prefixes "Eagle"
     (True, "eagle2"): "LlamaForCausalLMEagle",
@@ -71,7 +72,7 @@ def check_format(fmt: str, cfg: DraftConfig) -> None:
                           "one (norm_before_residual, speculators' variant, train.eagle3_norms=true): it would draft "
                           "from another function; serve this head with vLLM (eagle or speculators layout), or train "
                           "with train.eagle3_norms=false for SGLang")
-    if fmt == "sglang" and cfg.architecture == "eagle3" and cfg.num_hidden_layers > 1:
+    if fmt == "sglang" and cfg.architecture == "eagle3" and too_deep(cfg, "sglang"):
         raise FormatError(f"SGLang 0.5.23's EAGLE-3 model has one decoder layer, this head {cfg.num_hidden_layers}: "
                           "serve it with vLLM (eagle, vllm or speculators layout)")
     if fmt == "vllm" and cfg.architecture == "eagle2" and cfg.fc_bias:
@@ -265,15 +266,18 @@ def unread_variants(cfg: DraftConfig, engine: str) -> list[str]:
     return [flag for flag in LAYER_VARIANTS if getattr(cfg, flag) and flag not in VARIANTS_READ[engine]]
 
 
+def too_deep(cfg: DraftConfig, engine: str) -> bool:
+    """Whether `cfg` stacks more EAGLE-3 decoder layers than `engine`'s model builds."""
+    return cfg.num_hidden_layers > LAYERS_BUILT.get(engine, cfg.num_hidden_layers)
+
+
 def engines(cfg: DraftConfig, fmt: str) -> list[str]:
     """The engines that load a head of `cfg` saved as `fmt` unmodified and compute what it was trained
     to (our decoder loads every layout): an engine whose layer lacks a variant flag the head sets
     (VARIANTS_READ) would load it and draft from another function."""
     if cfg.architecture == "eagle3":
         loaders = ["vllm", "speculators"] if fmt == "speculators" else ["eagle", "vllm", "sglang"]
-        if cfg.num_hidden_layers > 1:  # EAGLE's and SGLang's EAGLE-3 models build one layer; vLLM stacks more
-            loaders = [engine for engine in loaders if engine not in ("eagle", "sglang")]
-        return [engine for engine in loaders if not unread_variants(cfg, engine)]
+        return [engine for engine in loaders if not unread_variants(cfg, engine) and not too_deep(cfg, engine)]
     if fmt == "sglang":
         return ["sglang"]
     return ["eagle"] + ([] if cfg.fc_bias else ["vllm"])
