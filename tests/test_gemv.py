@@ -1,4 +1,5 @@
-"""eagle/compiled/gemv.py: bf16 linear layers through our GEMV kernel where the CPU has AVX512-BF16 (EAGLE_GEMV)."""
+"""eagle/compiled/gemv.py: linear layers through our GEMV kernel (EAGLE_GEMV): bf16 ones where the CPU has AVX512-BF16,
+fp32 ones over bf16-valued weights where it has AVX512F and no bf16 arithmetic."""
 
 from __future__ import annotations
 
@@ -9,9 +10,10 @@ import torch.nn.functional as F
 from eagle.common.native_build import cpu_flags
 from eagle.compiled import gemv
 from eagle.model import EaModel
-from tests.tiny import FIXED, prompt, random_eagle3_head, tiny_llama
+from tests.tiny import FIXED, hf_greedy, prompt, random_eagle3_head, tiny_llama
 
 needs_kernel = pytest.mark.skipif("avx512_bf16" not in cpu_flags(), reason="the kernel needs AVX512-BF16")
+needs_f32_kernel = pytest.mark.skipif(not gemv.F32_FLAGS <= cpu_flags(), reason="the fp32 kind needs AVX512F/BW/VL")
 
 
 def _bf16(*shape: int) -> torch.Tensor:
@@ -55,12 +57,15 @@ def test_rows_past_the_limit_and_other_dtypes_take_atens_linear():
 
 @pytest.mark.parametrize(("flags", "choice", "expected"), [
     ({"avx512_bf16"}, "auto", True), ({"avx512_bf16", "amx_bf16"}, "auto", False),
-    ({"avx512_bf16", "amx_bf16"}, "1", True), ({"avx512_bf16"}, "0", False), (set(), "1", False)])
+    ({"avx512_bf16", "amx_bf16"}, "1", True), ({"avx512_bf16"}, "0", False), (set(), "1", False),
+    (gemv.F32_FLAGS, "auto", True), (gemv.F32_FLAGS, "0", False), ({"avx512f", "avx2"}, "auto", False)])
 def test_the_kernel_is_wanted_without_amx_unless_told(monkeypatch, flags, choice, expected):
-    """Default `auto`: on with AVX512-BF16 and no AMX (where oneDNN's AMX path beat a kernel of this kind)."""
+    """Default `auto`: on with AVX512-BF16 and no AMX (where oneDNN's AMX path beat a kernel of this kind), and in
+    its fp32 kind on AVX512F/BW/VL without bf16 arithmetic."""
     monkeypatch.setattr(gemv, "cpu_flags", lambda: flags)
     monkeypatch.setenv("EAGLE_GEMV", choice)
     assert gemv.wanted() is expected
+    assert gemv.kind() == (None if not expected else "bf16" if "avx512_bf16" in flags else "f32")
 
 
 def test_a_bad_setting_is_named(monkeypatch):
@@ -121,3 +126,53 @@ def test_a_compiled_bf16_decoder_leaves_the_models_eager_forwards_alone(monkeypa
     assert budget_key(model, [8], [2])["gemv"] is True
     monkeypatch.setenv("EAGLE_GEMV", "0")
     assert budget_key(model, [8], [2])["gemv"] is False
+
+
+@needs_f32_kernel
+def test_the_fp32_kind_multiplies_as_the_fp32_matmul_of_the_bf16_weights():
+    """fp32 rows over bf16 weights: the fp32 products of those weights' values (sums in another order only);
+    any row count, inputs not a multiple of 16, outputs not of 4; a row's bits never depend on its neighbours."""
+    assert gemv.kernel() is not None
+    torch.manual_seed(5)
+    for rows, inputs, outputs in ((1, 64, 16), (2, 96, 37), (3, 40, 5), (4, 128, 130), (5, 576, 33), (13, 7, 70)):
+        x, w = torch.randn(rows, inputs), _bf16(outputs, inputs)
+        y = torch.ops.eagle.gemv_linear(x, w, 64)
+        assert y.dtype == torch.float32 and y.shape == (rows, outputs)
+        torch.testing.assert_close(y, F.linear(x, w.float()), rtol=1e-5, atol=1e-5)
+        for i in range(rows):
+            assert torch.equal(torch.ops.eagle.gemv_linear(x[i:i + 1], w, 64), y[i:i + 1])
+    x, w = torch.randn(2, 9, 64), _bf16(24, 64)  # 18 rows past the limit: ATen's linear over w widened to fp32
+    assert torch.equal(torch.ops.eagle.gemv_linear(x, w, 16), F.linear(x, w.float()))
+
+
+@needs_f32_kernel
+def test_fp32_graphs_read_bf16_valued_weights_as_bf16(monkeypatch):
+    """Under the fp32 kind a frozen fp32 weight whose values are all bf16 values (a bf16 checkpoint loaded in
+    fp32) is read through its bf16 copy; other fp32 weights and unfrozen ones stay on ATen and the template."""
+    from eagle.compiled.graph_cache import compile_options
+
+    monkeypatch.setattr(gemv, "cpu_flags", lambda: set(gemv.F32_FLAGS))
+    monkeypatch.setenv("EAGLE_GEMV", "auto")
+    ids = prompt(1, 6)
+    exact = tiny_llama(seed=4, dtype=torch.bfloat16).float()
+    other = tiny_llama(seed=4, dtype=torch.float32)
+    for model, expected in ((exact, 15), (other, 0)):  # 2 layers x 7 linears + the lm_head
+        code = _compiled_code(lambda i: model(input_ids=i).logits, ids, options=compile_options(model))
+        assert code.count("torch.ops.eagle.gemv_linear.default(") == expected
+    inputs = _compiled_code(lambda i: exact(input_ids=i).logits, ids,
+                            options={**compile_options(exact), "freezing": False})
+    assert "gemv_linear" not in inputs
+
+
+@needs_f32_kernel
+def test_a_compiled_fp32_decoder_over_bf16_weights_decodes_as_eager_greedy(monkeypatch):
+    """Lossless in fp32: EAGLE decoding and plain steps through the kernel give HF's greedy tokens."""
+    monkeypatch.setattr(gemv, "cpu_flags", lambda: set(gemv.F32_FLAGS))
+    monkeypatch.setenv("EAGLE_GEMV", "auto")
+    target = tiny_llama(seed=3, dtype=torch.bfloat16).float()
+    head = random_eagle3_head(target).to(torch.bfloat16).float()  # its graphs (fc, layer, scorer) take the kernel too
+    ids = prompt(0, 12)
+    expected = hf_greedy(target, ids, 16)
+    model = EaModel(target, head, settings=FIXED, compile=True)
+    assert torch.equal(model.naivegenerate(ids, max_new_tokens=16), expected)
+    assert torch.equal(model.eagenerate(ids, max_new_tokens=16), expected)

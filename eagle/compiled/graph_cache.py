@@ -124,7 +124,8 @@ def compile_options(*modules: nn.Module) -> dict:
     - `autotune`: each matmul times the template against ATen's and keeps the faster.
     - `aten`: ATen's matmuls, no template: the test suite's tiny models compile in a fraction of the time.
 
-    Under any of them, bf16 linear layers take our GEMV where it pays (eagle/compiled/gemv.py, EAGLE_GEMV).
+    Under any of them, linear layers take our GEMV where it pays (eagle/compiled/gemv.py, EAGLE_GEMV): bf16 ones, or fp32
+    ones over bf16-valued weights on a CPU without bf16 arithmetic.
 
     Without the template hook (`install_template_gemm`) graphs keep oneDNN prepacking, uncached."""
     policy = matmuls_policy()
@@ -180,7 +181,7 @@ def _is_cpp_template(choice) -> bool:
 
 
 class _WeightsKey(CustomGraphPass):
-    """Our graphs' post-grad pass: bf16 linear layers to our GEMV when `use_gemv` (eagle/compiled/gemv.py), nothing
+    """Our graphs' post-grad pass: linear layers to our GEMV when `use_gemv` (eagle/compiled/gemv.py), nothing
     else. Its uuid (the weights' digest, the matmul policy, the GEMV's) joins the FX graph cache key, and its
     presence marks a graph as ours to the template hook."""
 

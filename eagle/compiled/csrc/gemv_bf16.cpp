@@ -1,19 +1,24 @@
-// y [M, O] = x [M, I] . w [O, I]^T in bf16 (fp32 sums, rounded to nearest even), for the few rows of a decode
-// step on a CPU with AVX512-BF16: the linear layers of eagle/compiled/gemv.py.
+// y [M, O] = x [M, I] . w [O, I]^T for the few rows of a decode step, bf16 weights read once: the linear layers
+// of eagle/compiled/gemv.py, in two kinds:
+//   - bf16 x, bf16 y (fp32 sums, rounded to nearest even), on a CPU with AVX512-BF16 (pair dot products);
+//   - fp32 x, fp32 y, on a CPU with AVX512F but no bf16 arithmetic: each bf16 weight widened to fp32 in a
+//     register (its 16 bits moved to the high half), then fp32 multiply-adds. Exactly the products of the
+//     fp32 model whose weights are these bf16 values, reading half the bytes.
 //
 // A decode step multiplies a handful of rows by every weight once, so it is bound by how fast the weights
-// stream from memory. Each thread takes blocks of 16 output rows. Four output rows are read together,
-// 32 inputs a register, fetched 8 rows ahead; the input rows are taken 4 at a time, each multiplied into the
-// 4 weight registers by bf16 pair dot products (16 accumulators). The first group of input rows reads the
-// weights from memory, the later groups re-read the same 4 rows from L1 (4 x I x 2 bytes) while they fetch
-// rows further ahead into L2, so any row count streams the weights once. Inputs need not be a multiple of 32:
-// the last registers are loaded masked. Each output is its row's own sum, whatever rows run beside it.
+// stream from memory. Each thread takes blocks of 16 output rows. Four output rows are read together, one
+// register of inputs at a time, fetched 8 rows ahead; the input rows are taken 4 at a time, each multiplied
+// into the 4 weight registers (16 accumulators). The first group of input rows reads the weights from memory,
+// the later groups re-read the same 4 rows from L1 (4 x I x 2 bytes) while they fetch rows further ahead into
+// L2, so any row count streams the weights once. Inputs need not fill the last register: it is loaded masked.
+// Each output is its row's own sum, whatever rows run beside it.
 
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 
-#ifdef __AVX512BF16__
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define EAGLE_GEMV_F32 1  // the fp32 kind: widening loads need AVX512BW/VL's masked 16-bit loads
 #include <immintrin.h>
 #endif
 
@@ -22,15 +27,11 @@
 
 namespace {
 
-#ifdef __AVX512BF16__
+#ifdef EAGLE_GEMV_F32
 constexpr int kRows = 4;        // output rows read together
 constexpr int kGroup = 4;       // input rows multiplied together
 constexpr int64_t kBlock = 16;  // output rows a task
 constexpr int64_t kAhead = 8;   // output rows the weights are fetched ahead
-
-inline __m512bh load(const uint16_t* p, __mmask32 mask) {
-  return (__m512bh)(mask == ~__mmask32(0) ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mask, p));
-}
 
 // sums[i] = the sum of a[i]'s 16 lanes, for i < count (<= 16), by one transposing tree: 8 + 4 + 4 + 2 vector
 // adds for all of them, where 16 separate reductions cost ~12 instructions each.
@@ -54,65 +55,114 @@ inline void reduce16(const __m512* a, int count, float* sums) {
   for (int i = 0; i < count; ++i) sums[i] = lanes[4 * (i % 4) + i / 4];
 }
 
+// The bf16 kind's step: 32 inputs a register, pair dot products into fp32 lanes.
+struct Bf16 {
+  using X = uint16_t;
+  using Y = at::BFloat16;
+  using Mask = __mmask32;
+  static constexpr int64_t kLanes = 32;
+#ifdef __AVX512BF16__
+  static __m512bh load(const uint16_t* p, Mask mask) {
+    return (__m512bh)(mask == Mask(~0u) ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi16(mask, p));
+  }
+  using W = __m512bh;
+  static W weights(const uint16_t* p, Mask mask) { return load(p, mask); }
+  static __m512 madd(__m512 acc, const uint16_t* x, W w, Mask mask) { return _mm512_dpbf16_ps(acc, load(x, mask), w); }
+#else  // never called: gemv refuses bf16 inputs where the CPU has no AVX512-BF16
+  using W = __m512;
+  static W weights(const uint16_t*, Mask) { return _mm512_setzero_ps(); }
+  static __m512 madd(__m512 acc, const uint16_t*, W, Mask) { return acc; }
+#endif
+};
+
+// The fp32 kind's step: 16 inputs a register; 16 bf16 weights widened to fp32, then multiply-adds.
+struct F32 {
+  using X = float;
+  using Y = float;
+  using Mask = __mmask16;
+  using W = __m512;
+  static constexpr int64_t kLanes = 16;
+  static W weights(const uint16_t* p, Mask mask) {
+    const __m256i h = mask == Mask(0xFFFF) ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                                           : _mm256_maskz_loadu_epi16(mask, p);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  }
+  static __m512 madd(__m512 acc, const float* x, W w, Mask mask) {
+    return _mm512_fmadd_ps(mask == Mask(0xFFFF) ? _mm512_loadu_ps(x) : _mm512_maskz_loadu_ps(mask, x), w, acc);
+  }
+};
+
 // Output rows o..o+n-1 (n <= kRows) for input rows x[0..G-1]; `fetch`: prefetch the weights ahead (first group).
-template <int G, bool fetch>
-void rows_block(const uint16_t* x, const uint16_t* w, at::BFloat16* y, int64_t I, int64_t O, int64_t o, int n,
+template <typename K, int G, bool fetch>
+void rows_block(const typename K::X* x, const uint16_t* w, typename K::Y* y, int64_t I, int64_t O, int64_t o, int n,
                 int64_t ahead) {
+  using Mask = typename K::Mask;
   __m512 acc[G][kRows];
   for (int g = 0; g < G; ++g)
     for (int r = 0; r < kRows; ++r) acc[g][r] = _mm512_setzero_ps();
   const uint16_t* row[kRows];
   for (int r = 0; r < kRows; ++r) row[r] = w + (o + std::min(r, n - 1)) * I;
-  const auto step = [&](int64_t k, __mmask32 mask) {
-    __m512bh wv[kRows];
+  const auto step = [&](int64_t k, Mask mask) {
+    typename K::W wv[kRows];
     for (int r = 0; r < kRows; ++r) {
       if (fetch) _mm_prefetch(reinterpret_cast<const char*>(row[r] + kAhead * I + k), _MM_HINT_T0);
       else _mm_prefetch(reinterpret_cast<const char*>(row[r] + ahead * I + k), _MM_HINT_T1);
-      wv[r] = load(row[r] + k, mask);
+      wv[r] = K::weights(row[r] + k, mask);
     }
-    for (int g = 0; g < G; ++g) {
-      const __m512bh xv = load(x + g * I + k, mask);
-      for (int r = 0; r < kRows; ++r) acc[g][r] = _mm512_dpbf16_ps(acc[g][r], xv, wv[r]);
-    }
+    for (int g = 0; g < G; ++g)
+      for (int r = 0; r < kRows; ++r) acc[g][r] = K::madd(acc[g][r], x + g * I + k, wv[r], mask);
   };
-  const int64_t full = I / 32 * 32;
-  for (int64_t k = 0; k < full; k += 32) step(k, ~__mmask32(0));
-  if (full < I) step(full, (__mmask32(1) << (I - full)) - 1);
+  const int64_t full = I / K::kLanes * K::kLanes;
+  for (int64_t k = 0; k < full; k += K::kLanes) step(k, Mask(~Mask(0)));
+  if (full < I) step(full, Mask((Mask(1) << (I - full)) - 1));
   float sums[kGroup * kRows];
   reduce16(&acc[0][0], G * kRows, sums);
   for (int g = 0; g < G; ++g)
-    for (int r = 0; r < n; ++r) y[g * O + o + r] = at::BFloat16(sums[g * kRows + r]);
+    for (int r = 0; r < n; ++r) y[g * O + o + r] = typename K::Y(sums[g * kRows + r]);
 }
 
-template <bool fetch>
-void group(int g, const uint16_t* x, const uint16_t* w, at::BFloat16* y, int64_t I, int64_t O, int64_t o, int n,
+template <typename K, bool fetch>
+void group(int g, const typename K::X* x, const uint16_t* w, typename K::Y* y, int64_t I, int64_t O, int64_t o, int n,
            int64_t ahead) {
   switch (g) {
-    case 1: rows_block<1, fetch>(x, w, y, I, O, o, n, ahead); break;
-    case 2: rows_block<2, fetch>(x, w, y, I, O, o, n, ahead); break;
-    case 3: rows_block<3, fetch>(x, w, y, I, O, o, n, ahead); break;
-    default: rows_block<4, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 1: rows_block<K, 1, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 2: rows_block<K, 2, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 3: rows_block<K, 3, fetch>(x, w, y, I, O, o, n, ahead); break;
+    default: rows_block<K, 4, fetch>(x, w, y, I, O, o, n, ahead); break;
   }
 }
 
 // Output rows o0..o1-1 for all M input rows.
-void block(const uint16_t* x, const uint16_t* w, at::BFloat16* y, int64_t M, int64_t I, int64_t O, int64_t o0,
+template <typename K>
+void block(const typename K::X* x, const uint16_t* w, typename K::Y* y, int64_t M, int64_t I, int64_t O, int64_t o0,
            int64_t o1) {
   for (int64_t o = o0; o < o1; o += kRows) {
     const int n = static_cast<int>(std::min<int64_t>(kRows, o1 - o));
     for (int64_t m = 0; m < M; m += kGroup) {
       const int g = static_cast<int>(std::min<int64_t>(kGroup, M - m));
       if (m == 0)
-        group<true>(g, x, w, y, I, O, o, n, 0);
+        group<K, true>(g, x, w, y, I, O, o, n, 0);
       else  // the later groups fetch rows further ahead into L2, while they compute from L1
-        group<false>(g, x + m * I, w, y + m * O, I, O, o, n, kAhead + kRows * (m / kGroup));
+        group<K, false>(g, x + m * I, w, y + m * O, I, O, o, n, kAhead + kRows * (m / kGroup));
     }
   }
+}
+
+template <typename K>
+void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
+  const int64_t M = x.size(0), I = x.size(1), O = w.size(0);
+  const auto* xp = reinterpret_cast<const typename K::X*>(x.data_ptr());
+  const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  auto* yp = reinterpret_cast<typename K::Y*>(y.data_ptr());
+  at::parallel_for(0, (O + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
+    block<K>(xp, wp, yp, M, I, O, b0 * kBlock, std::min(O, b1 * kBlock));
+  });
 }
 #endif
 
 }  // namespace
 
+// Which kinds this build runs: bf16 x (AVX512-BF16), fp32 x (AVX512F with BW and VL).
 bool available() {
 #ifdef __AVX512BF16__
   return true;
@@ -121,36 +171,42 @@ bool available() {
 #endif
 }
 
+bool available_f32() {
+#ifdef EAGLE_GEMV_F32
+  return true;
+#else
+  return false;
+#endif
+}
+
 torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& w) {
-  TORCH_CHECK(x.scalar_type() == at::kBFloat16 && w.scalar_type() == at::kBFloat16, "gemv: bf16 x and w");
+  const bool bf16 = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(w.scalar_type() == at::kBFloat16 && (bf16 || x.scalar_type() == at::kFloat), "gemv: bf16 w, bf16 or fp32 x");
+  TORCH_CHECK(bf16 ? available() : available_f32(), "gemv: built for a CPU without ",
+              bf16 ? "AVX512-BF16" : "AVX512F/BW/VL");
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.dim() == 2 && w.dim() == 2, "gemv: contiguous 2-d x, w");
   TORCH_CHECK(!x.is_cuda() && !w.is_cuda(), "gemv: CPU tensors");
   const int64_t M = x.size(0), I = x.size(1), O = w.size(0);
   TORCH_CHECK(w.size(1) == I, "gemv: x [M, I] and w [O, I]");
-#ifndef __AVX512BF16__
-  TORCH_CHECK(false, "gemv: built for a CPU without AVX512-BF16");
-#else
   auto y = torch::empty({M, O}, x.options());
   if (M == 0 || O == 0) return y;
   if (I == 0) return y.zero_();
-  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
-  const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
-  auto* yp = y.data_ptr<at::BFloat16>();
-  at::parallel_for(0, (O + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
-    block(xp, wp, yp, M, I, O, b0 * kBlock, std::min(O, b1 * kBlock));
-  });
-  return y;
+#ifdef EAGLE_GEMV_F32
+  if (bf16) run<Bf16>(x, w, y);
+  else run<F32>(x, w, y);
 #endif
+  return y;
 }
 
 // The op a linear layer calls (eagle/compiled/gemv.py): x [..., I] w [O, I]^T -> [..., O]; more than `max_rows`
-// rows (a prompt) go to ATen's linear, which is compute-bound there and blocks its work better.
+// rows (a prompt) go to ATen's linear, which is compute-bound there and blocks its work better (fp32 x: over
+// the weights widened to fp32 for that call).
 at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& w, int64_t max_rows) {
   const int64_t I = x.size(-1);
   const int64_t M = I ? x.numel() / I : 0;
-  if (!available() || M > max_rows || x.scalar_type() != at::kBFloat16 || w.scalar_type() != at::kBFloat16 ||
-      !w.is_contiguous() || w.size(1) != I)
-    return at::linear(x, w);
+  const bool ours = x.scalar_type() == at::kBFloat16 ? available() : x.scalar_type() == at::kFloat && available_f32();
+  if (!ours || M > max_rows || w.scalar_type() != at::kBFloat16 || !w.is_contiguous() || w.size(1) != I)
+    return at::linear(x, w.to(x.scalar_type()));
   auto shape = x.sizes().vec();
   shape.back() = w.size(0);
   return gemv(x.reshape({M, I}).contiguous(), w).view(shape);
@@ -160,6 +216,7 @@ TORCH_LIBRARY_FRAGMENT(eagle, m) { m.def("gemv_linear(Tensor x, Tensor w, int ma
 TORCH_LIBRARY_IMPL(eagle, CPU, m) { m.impl("gemv_linear", &gemv_linear); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gemv", &gemv, "y [M, O] = x [M, I] w [O, I]^T, bf16");
-  m.def("available", &available, "built with AVX512-BF16");
+  m.def("gemv", &gemv, "y [M, O] = x [M, I] w [O, I]^T, bf16 w, bf16 or fp32 x");
+  m.def("available", &available, "built with AVX512-BF16 (bf16 x)");
+  m.def("available_f32", &available_f32, "built with AVX512F/BW/VL (fp32 x)");
 }
