@@ -103,7 +103,7 @@ def _build():
     return ext if ext.available() or ext.available_f32() else None
 
 
-def _fake(x: torch.Tensor, w: torch.Tensor, max_rows: int) -> torch.Tensor:
+def _fake(x: torch.Tensor, w: torch.Tensor, max_rows: int, full: torch.Tensor | None = None) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], w.shape[0])
 
 
@@ -112,7 +112,8 @@ def rewrite_linears(graph: torch.fx.Graph) -> int:
     input, or a frozen constant, whose transpose freezing folds into a view of it) by
     `eagle::gemv_linear(x, w16, MAX_ROWS)`, in place: of the `kind()` "bf16", bf16 x and w (w16 = w); of "f32",
     fp32 x and a frozen fp32 w whose every value is a bf16 value (w16: its bf16 copy, a new constant of the
-    graph; the products are the same, the bytes read half). How many were replaced."""
+    graph; the products are the same, the bytes read half), with the mm's own w^T for rows past MAX_ROWS. How
+    many were replaced."""
     which = kind()
     count = 0
     for node in list(graph.nodes):
@@ -125,7 +126,9 @@ def rewrite_linears(graph: torch.fx.Graph) -> int:
             if weight is node.args[1]:  # w^T itself: its transpose is w, a view
                 weight = graph.call_function(aten.permute.default, (weight, [1, 0]))
                 weight.meta["val"] = _val(node.args[1]).t()
-            op = graph.call_function(torch.ops.eagle.gemv_linear.default, (node.args[0], weight, MAX_ROWS[which]))
+            full = (node.args[1],) if which == "f32" else ()  # rows past MAX_ROWS: the graph's own fp32 w^T
+            args = (node.args[0], weight, MAX_ROWS[which], *full)
+            op = graph.call_function(torch.ops.eagle.gemv_linear.default, args)
         op.meta.update(node.meta)
         node.replace_all_uses_with(op)
         graph.erase_node(node)

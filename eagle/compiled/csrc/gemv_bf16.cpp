@@ -199,20 +199,22 @@ torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& w) {
 }
 
 // The op a linear layer calls (eagle/compiled/gemv.py): x [..., I] w [O, I]^T -> [..., O]; more than `max_rows`
-// rows (a prompt) go to ATen's linear, which is compute-bound there and blocks its work better (fp32 x: over
-// the weights widened to fp32 for that call).
-at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& w, int64_t max_rows) {
+// rows (a prompt, a wide verify) go to ATen, which is compute-bound there and blocks its work better: `full`, the
+// graph's own fp32 w^T [I, O] that the bf16 w copies, where the pass gave it (no weights widened per call), else
+// the linear of w in x's dtype.
+at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& w, int64_t max_rows,
+                       const std::optional<at::Tensor>& full) {
   const int64_t I = x.size(-1);
   const int64_t M = I ? x.numel() / I : 0;
   const bool ours = x.scalar_type() == at::kBFloat16 ? available() : x.scalar_type() == at::kFloat && available_f32();
   if (!ours || M > max_rows || w.scalar_type() != at::kBFloat16 || !w.is_contiguous() || w.size(1) != I)
-    return at::linear(x, w.to(x.scalar_type()));
+    return full.has_value() ? at::matmul(x, *full) : at::linear(x, w.to(x.scalar_type()));
   auto shape = x.sizes().vec();
   shape.back() = w.size(0);
   return gemv(x.reshape({M, I}).contiguous(), w).view(shape);
 }
 
-TORCH_LIBRARY_FRAGMENT(eagle, m) { m.def("gemv_linear(Tensor x, Tensor w, int max_rows) -> Tensor"); }
+TORCH_LIBRARY_FRAGMENT(eagle, m) { m.def("gemv_linear(Tensor x, Tensor w, int max_rows, Tensor? full=None) -> Tensor"); }
 TORCH_LIBRARY_IMPL(eagle, CPU, m) { m.impl("gemv_linear", &gemv_linear); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
