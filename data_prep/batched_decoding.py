@@ -67,9 +67,9 @@ def free_memory(device: torch.device) -> int:
     return int(fields["MemAvailable"].split()[0]) * 1024
 
 
-def slot_count(model, wanted: int, max_len: int) -> int:
+def slot_count(model, wanted: int, max_len: int, kv_dtype: torch.dtype) -> int:
     """`wanted` slots, or as many as half the free memory holds (one at least), said in the log."""
-    fits = free_memory(model.device) // 2 // slot_bytes(model.config, max_len, model.dtype)
+    fits = free_memory(model.device) // 2 // slot_bytes(model.config, max_len, kv_dtype)
     if fits < wanted:
         log.warning("ours: data.regen.batch_size=%d slots of %d positions do not fit in half the free memory; "
                     "decoding %d at once", wanted, max_len, max(1, fits))
@@ -91,12 +91,15 @@ class BatchedDecoding:
     name = "ours"
 
     def __init__(self, model, tokenizer, regen: RegenConfig, max_len: int, compile: bool = True,
-                 prefill_tokens: int = PREFILL_TOKENS):
+                 prefill_tokens: int = PREFILL_TOKENS, kv_dtype: torch.dtype | None = None):
+        """kv_dtype: the KV cache's (None: the model's); bf16 under an fp32 model is read at half the bytes."""
         self.model, self.tokenizer, self.max_len, self.prefill_tokens = model, tokenizer, max_len, prefill_tokens
         self.eos_ids = eos_token_ids(model, tokenizer)
-        self.slots = [Slot() for _ in range(slot_count(model, int(regen.batch_size), max_len))]
-        self.cache = SlotCache(model.config, len(self.slots), max_len, model.dtype, model.device)
-        log.info("ours: %d slots of %d positions, %.1f GB of KV cache", len(self.slots), max_len, self.cache.bytes / 1e9)
+        kv_dtype = kv_dtype or model.dtype
+        self.slots = [Slot() for _ in range(slot_count(model, int(regen.batch_size), max_len, kv_dtype))]
+        self.cache = SlotCache(model.config, len(self.slots), max_len, kv_dtype, model.device)
+        log.info("ours: %d slots of %d positions, %.1f GB of %s KV cache", len(self.slots), max_len,
+                 self.cache.bytes / 1e9, str(kv_dtype).removeprefix("torch."))
         self.compiled = torch.compile(self.forward, fullgraph=True, dynamic=True) if compile else None
         self.compiled_once = False
         self.queue: deque[tuple[Request, RegenConfig]] = deque()

@@ -52,11 +52,11 @@ def kernel():
 def reference_decode(q, k, v, k_cache, v_cache, slots, lengths, scale: float, window: int = 0,
                      softcap: float = 0.0) -> torch.Tensor:
     """What the C++ kernel computes, in torch: q [B, H, D], k and v [B, Hk, D] -> [B, H, D]. Every row's key and
-    value are written before any row attends."""
+    value are written (in the caches' dtype) before any row attends."""
     b, h, d = q.shape
     positions = lengths - 1  # [B]
-    k_cache[slots, :, positions] = k
-    v_cache[slots, :, positions] = v
+    k_cache[slots, :, positions] = k.to(k_cache.dtype)
+    v_cache[slots, :, positions] = v.to(v_cache.dtype)
     span = int(lengths.max())
     keys, values = k_cache[slots, :, :span], v_cache[slots, :, :span]  # [B, Hk, L, D]
     index = torch.arange(span, device=q.device)

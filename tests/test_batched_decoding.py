@@ -39,26 +39,36 @@ def reference_reply(model, ids: list[int], max_new: int) -> str:
     return " ".join(map(str, out[:out.index(2)] if 2 in out else out))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype,cache_dtype", [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16),
+                                               (torch.float32, torch.bfloat16)])
 @pytest.mark.parametrize("heads,kv_heads,dim,window,softcap", [(9, 3, 64, 0, 0.0), (4, 2, 16, 0, 0.0),
                                                                 (8, 8, 128, 5, 0.0), (6, 3, 40, 3, 0.0), (9, 3, 64, 0, 2.0)])
-def test_the_kernel_writes_and_attends_as_torch_does(dtype, heads, kv_heads, dim, window, softcap):
+def test_the_kernel_writes_and_attends_as_torch_does(dtype, cache_dtype, heads, kv_heads, dim, window, softcap):
     """Each row writes its key and value at lengths - 1 of its slot and attends over its visible positions
     (a window's, soft-capped scores); rows of other slots and positions past a row's length are untouched (the
-    fast bf16 path at dims 64 and 128); two rows of one slot see each other as a prompt's tokens do."""
+    vector paths at dims 64 and 128); two rows of one slot see each other as a prompt's tokens do. fp32 rows over
+    bf16 caches write their keys and values rounded to bf16."""
     native = slot_attention.kernel()
     assert native is not None, "the C++ kernel must build on a CPU with a compiler (inductor needs one too)"
     g = torch.Generator().manual_seed(heads * dim + window)
-    rand = lambda *shape: torch.randn(*shape, generator=g).to(dtype)
+    rand = lambda *shape, dtype=dtype: torch.randn(*shape, generator=g).to(dtype)
     q, k, v = rand(4, heads, dim), rand(4, kv_heads, dim), rand(4, kv_heads, dim)
-    keys, values = rand(6, kv_heads, 40, dim), rand(6, kv_heads, 40, dim)
+    keys, values = rand(6, kv_heads, 40, dim, dtype=cache_dtype), rand(6, kv_heads, 40, dim, dtype=cache_dtype)
     slots, lengths = torch.tensor([3, 0, 5, 3]), torch.tensor([1, 17, 40, 2])
     ref_keys, ref_values = keys.clone(), values.clone()
     out = native.slot_decode(q, k, v, keys, values, slots, lengths, dim**-0.5, window, softcap)
     ref = slot_attention.reference_decode(q, k, v, ref_keys, ref_values, slots, lengths, dim**-0.5, window, softcap)
-    assert torch.equal(keys, ref_keys) and torch.equal(values, ref_values)
+    assert torch.equal(keys, ref_keys) and torch.equal(values, ref_values) and out.dtype == dtype
     tolerance = dict(atol=1e-5, rtol=0) if dtype == torch.float32 else dict(atol=8e-3, rtol=8e-3)  # bf16: its last bit
     torch.testing.assert_close(out.float(), ref.float(), **tolerance)
+
+
+def test_the_kernel_refuses_bf16_rows_over_fp32_caches():
+    cache = torch.zeros(2, 1, 8, 16)
+    kv = torch.zeros(1, 1, 16, dtype=torch.bfloat16)
+    with pytest.raises(RuntimeError, match="not BFloat16 over Float"):
+        slot_attention.kernel().slot_decode(kv, kv, kv, cache, cache.clone(), torch.tensor([0]), torch.tensor([1]),
+                                            0.25, 0, 0.0)
 
 
 def test_the_kernel_names_a_row_outside_the_cache():
@@ -86,6 +96,30 @@ def test_greedy_replies_equal_the_targets_own_with_requests_queued_for_slots(ker
     assert replies == {i: reference_reply(model, p, GREEDY.max_new_tokens) for i, p in enumerate(prompts)}
     assert engine.tokens == sum(len(r.split()) for r in replies.values()) and engine.seconds > 0
     assert engine.compiled_once == compiled
+
+
+def test_an_fp32_target_over_a_bf16_cache_decodes_as_the_reference_does(monkeypatch):
+    """fp32 arithmetic over bf16 keys and values (a bf16 run on a CPU without bf16 arithmetic): the compiled
+    step through the C++ kernel writes the replies of the eager step through torch's reference, from a cache of
+    half the bytes."""
+    model = tiny_llama(seed=5)
+    prompts = [prompt(seed, length)[0].tolist() for seed, length in enumerate([5, 11, 3, 20, 8])]
+
+    def replies(compiled: bool) -> tuple[dict, BatchedDecoding]:
+        engine = BatchedDecoding(model, IdsTokenizer(), GREEDY, 64, compile=compiled, prefill_tokens=7,
+                                 kv_dtype=torch.bfloat16)
+        engine.submit([Request(i, p, seed=0) for i, p in enumerate(prompts)], GREEDY)
+        out: dict = {}
+        while len(out) < len(prompts):
+            out.update(engine.finished())
+        return out, engine
+
+    native, engine = replies(compiled=True)
+    assert engine.cache.keys[0].dtype == torch.bfloat16 and engine.compiled_once
+    assert engine.cache.bytes == BatchedDecoding(model, IdsTokenizer(), GREEDY, 64, compile=False).cache.bytes // 2
+    monkeypatch.setattr(slot_attention, "kernel", lambda: None)
+    assert replies(compiled=False)[0] == native
+
 
 
 def test_replies_that_end_leave_the_others_decoding_as_they_would_alone(tiny_dir):

