@@ -9,7 +9,7 @@ demo: setup
 	bash scripts/demo.sh
 
 test: setup
-	$(PY) -m pytest -q -ra
+	$(PY) -m pytest -q -ra --durations=25
 
 test-fast: setup
 	$(PY) -m pytest -q -ra -m "not slow"

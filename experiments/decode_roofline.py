@@ -10,7 +10,8 @@ lower bound on a step (no norms, rotary, attention arithmetic, sampling, schedul
 B / that sum bounds the reply tokens/s of any engine running the target here. Attention kernels are timed
 beside it, one query row a reply: torch's SDPA, our compiled decoder's grouped SDPA (a key/value head's
 query heads as its rows, eagle/compiled/grouped_attention.py), the same as two batched matmuls, and our
-batched reply engine's C++ kernel (data_prep/slot_attention.py).
+batched reply engine's C++ kernel (data_prep/slot_attention.py), in fp32 also over a bf16 cache
+(`slots_bf16_cache`, how the engine runs a bf16 target on a CPU without bf16 arithmetic).
 Medians of `rounds`; prints the bound, the linear layers' GFLOP/s and the GB/s at which each kernel reads
 the keys and values.
 """
@@ -77,7 +78,8 @@ def slot_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
     """Our batched reply engine's decode attention (data_prep/slot_attention.py): each reply in its own slot
     of the cache, here the whole of k and v (its last position rewritten with itself). -> [B, H, 1, d]."""
     b, context = q.shape[0], k.shape[2]
-    out = slot_decode(q[:, :, 0].contiguous(), k[:, :, -1].contiguous(), v[:, :, -1].contiguous(), k, v,
+    last = lambda x: x[:, :, -1].to(q.dtype).contiguous()  # [B, Hkv, d]: the rows, in fp32 over a bf16 cache
+    out = slot_decode(q[:, :, 0].contiguous(), last(k), last(v), k, v,
                       torch.arange(b), torch.full((b,), context), q.shape[-1] ** -0.5, 0, 0.0)
     return out[:, :, None]
 
@@ -87,7 +89,9 @@ KERNELS = {  # q [B, H, 1, d], k and v [B, Hkv, C, d] -> the attention's output
     "grouped_sdpa": lambda q, k, v: grouped_attention(q, k, v, q.new_zeros(1, 1, 1, k.shape[2]), q.shape[-1] ** -0.5),
     "bmm": bmm_attention,
     "slots": slot_attention_kernel,
+    "slots_bf16_cache": slot_attention_kernel,  # fp32 rows over bf16 keys and values (fp32 runs only)
 }
+BF16_CACHE = "slots_bf16_cache"  # how our engine runs a bf16 target on a CPU without bf16 arithmetic
 
 
 def attention_seconds(config, batch: int, context: int, dtype: torch.dtype, rounds: int,
@@ -96,9 +100,10 @@ def attention_seconds(config, batch: int, context: int, dtype: torch.dtype, roun
     with a kernel of KERNELS (torch's SDPA; our compiled decoder's grouped SDPA; `bmm_attention`; our engine's), and the
     bytes of keys and values it reads."""
     (_, kv_heads, dim), heads = slot_shape(config), config.num_attention_heads
+    cache = torch.bfloat16 if kernel == BF16_CACHE else dtype
     q = torch.randn(batch, heads, 1, dim, dtype=dtype)  # [B, H, 1, d]
-    layers = [(torch.randn(batch, kv_heads, context, dim, dtype=dtype),  # K [B, Hkv, C, d]
-               torch.randn(batch, kv_heads, context, dim, dtype=dtype)) for _ in range(config.num_hidden_layers)]
+    layers = [(torch.randn(batch, kv_heads, context, dim, dtype=cache),  # K [B, Hkv, C, d]
+               torch.randn(batch, kv_heads, context, dim, dtype=cache)) for _ in range(config.num_hidden_layers)]
     attend = KERNELS[kernel]
 
     def run():
@@ -127,13 +132,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
         mm, flops = linear_seconds(linear_shapes(config), batch, dtype, args.rounds)
         for context in (int(c) for c in args.contexts.split(",")):
             seconds = {kernel: attention_seconds(config, batch, context, dtype, args.rounds, kernel)
-                       for kernel in KERNELS}
+                       for kernel in KERNELS if kernel != BF16_CACHE or dtype == torch.float32}
             read = seconds["sdpa"][1]
             rows.append({"batch": batch, "context": context, "dtype": str(dtype).removeprefix("torch."),
                          "linear_ms": round(1e3 * mm, 1), "linear_gflops": round(flops / mm / 1e9, 1),
                          "kv_read_ms": round(1e3 * read / bandwidth, 1), "read_gb_s": round(bandwidth / 1e9, 1),
                          **{f"{kernel}_ms": round(1e3 * t, 1) for kernel, (t, _) in seconds.items()},
-                         **{f"{kernel}_kv_gb_s": round(read / t / 1e9, 1) for kernel, (t, _) in seconds.items()},
+                         **{f"{kernel}_kv_gb_s": round(own / t / 1e9, 1) for kernel, (t, own) in seconds.items()},
                          "bound_tok_s": round(batch / (mm + read / bandwidth))})
             print(json.dumps(rows[-1]), flush=True)
     return rows

@@ -122,5 +122,8 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    from eagle.common.allocator import use_fast_allocator
+
+    use_fast_allocator()  # as data_prep runs its engine (eagle/common/allocator.py)
     register_resolvers()
     main()

@@ -22,6 +22,8 @@ def test_attention_reads_every_cached_key_and_value_once_a_layer():
     seconds, read = decode_roofline.attention_seconds(config, batch=2, context=5, dtype=torch.float32, rounds=1, kernel="bmm")
     per_layer = 2 * 2 * config.num_key_value_heads * 5 * slot_shape(config)[2] * 4  # K and V, fp32
     assert read == 3 * per_layer and seconds > 0
+    _, half = decode_roofline.attention_seconds(config, 2, 5, torch.float32, 1, kernel=decode_roofline.BF16_CACHE)
+    assert half == read // 2  # fp32 rows over a bf16 cache
 
 
 def test_every_timed_kernel_is_the_same_decode_attention():
