@@ -2,7 +2,8 @@
 
 The engine that needs nothing installed besides this project. `data.regen.batch_size` replies are
 written at once (fewer if their cache would take more than half the free memory), each in its own slot
-of a preallocated cache (data_prep/slot_attention.py):
+of a preallocated cache (data_prep/slot_attention.py), in the model's dtype or, for a bf16 run computing in
+fp32 on a CPU without bf16 arithmetic, in bf16 (`kv_dtype`: half the bytes attention reads):
 
 - **One forward a step, prompts and replies together.** A step's rows are tokens: every live reply's
   last token, and up to `prefill_tokens` tokens of the prompts waiting to be read, in chunks, the
