@@ -8,7 +8,7 @@ A step is one sequence of N rows, each a token in a slot of its own: a reply's n
 tokens (several rows of one slot at consecutive positions). Every row first writes its key and value at its
 position in its slot, then attends over its slot's positions up to its own, so a prompt's tokens see
 each other causally and a reply sees its whole context. On a CPU this runs our C++ kernel
-(data_prep/csrc/slot_attention.cpp, built at first use into the torch extensions cache, ~20 s): it
+(data_prep/csrc/slot_attention.cpp, built at first use into the torch extensions cache, 1-1.5 min): it
 reads each slot's keys and values once for all the query heads that share them, where torch's kernels
 (SDPA, matmuls) spend 3-5x longer on one-query rows (135M target, 128 slots over 512 positions, 2
 threads: 1.5 ms a layer against 5.3 for two batched matmuls). Elsewhere, or when the kernel cannot be
@@ -41,7 +41,7 @@ SOURCE = Path(__file__).resolve().parent / "csrc" / "slot_attention.cpp"
 @cache
 def kernel():
     """The attention kernel's extension, or None where it cannot be built."""
-    log.info("ours: loading the attention kernel (%s; built at a machine's first use, ~20 s)", SOURCE.name)
+    log.info("ours: loading the attention kernel (%s; built at a machine's first use, 1-1.5 min)", SOURCE.name)
     try:
         return native_extension("eagle_slot_attention", SOURCE)
     except Exception as error:  # no compiler, or a failed build: the torch path is exact, only slower
