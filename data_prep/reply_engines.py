@@ -77,7 +77,7 @@ def open_engine(regen: RegenConfig, target_dir: Path, dtype: str, tokenizer, max
                 threads: int | None = None, eager: bool = False) -> ReplyEngine:
     """The reply engine of `regen` for the target in `target_dir` (`dtype`, contexts of `max_len` tokens).
     `threads`: vLLM's (None: every core this process may use); `eager`: vLLM without its compile (a faster start, for checks)."""
-    from eagle.common.precision import fast_dtype
+    from eagle.common.precision import asked_dtype, fast_dtype
     from eagle.targets.resolve import local_device
 
     name = engine_name(regen)
@@ -86,7 +86,8 @@ def open_engine(regen: RegenConfig, target_dir: Path, dtype: str, tokenizer, max
         if not regen.url:
             raise ValueError("data.regen.engine=openai needs data.regen.url (e.g. http://localhost:8000/v1)")
         return OpenAIEngine(regen.url, target_dir, tokenizer, regen, max_len)
-    asked, dtype = dtype, str(fast_dtype(dtype, local_device())).removeprefix("torch.")  # fp32 without bf16 arithmetic
+    asked = asked_dtype(dtype)
+    dtype = str(fast_dtype(asked, local_device())).removeprefix("torch.")  # fp32 on a CPU without bf16 arithmetic
     if name == "vllm":
         python = vllm_python(regen)
         if python is None:
@@ -96,9 +97,8 @@ def open_engine(regen: RegenConfig, target_dir: Path, dtype: str, tokenizer, max
     from data_prep.batched_decoding import BatchedDecoding
     from eagle.targets.resolve import load_target
 
-    # keys and values stay in bf16 when asked for: half the cache's reads where the arithmetic falls back to fp32
-    return BatchedDecoding(load_target(target_dir, getattr(torch, dtype)), tokenizer, regen, max_len,
-                           kv_dtype=torch.bfloat16 if asked in ("auto", "bfloat16") else None)
+    # keys and values in the dtype asked for: bf16 halves the cache's reads where the arithmetic falls back to fp32
+    return BatchedDecoding(load_target(target_dir, getattr(torch, dtype)), tokenizer, regen, max_len, kv_dtype=asked)
 
 
 def stop_ids(target_dir: Path, tokenizer) -> list[int]:

@@ -84,14 +84,14 @@ def slot_attention_kernel(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> 
     return out[:, :, None]
 
 
+BF16_CACHE = "slots_bf16_cache"  # how our engine runs a bf16 target on a CPU without bf16 arithmetic
 KERNELS = {  # q [B, H, 1, d], k and v [B, Hkv, C, d] -> the attention's output
     "sdpa": lambda q, k, v: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
     "grouped_sdpa": lambda q, k, v: grouped_attention(q, k, v, q.new_zeros(1, 1, 1, k.shape[2]), q.shape[-1] ** -0.5),
     "bmm": bmm_attention,
     "slots": slot_attention_kernel,
-    "slots_bf16_cache": slot_attention_kernel,  # fp32 rows over bf16 keys and values (fp32 runs only)
+    BF16_CACHE: slot_attention_kernel,  # fp32 rows over bf16 keys and values (fp32 runs only)
 }
-BF16_CACHE = "slots_bf16_cache"  # how our engine runs a bf16 target on a CPU without bf16 arithmetic
 
 
 def attention_seconds(config, batch: int, context: int, dtype: torch.dtype, rounds: int,

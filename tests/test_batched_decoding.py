@@ -121,7 +121,6 @@ def test_an_fp32_target_over_a_bf16_cache_decodes_as_the_reference_does(monkeypa
     assert replies(compiled=False)[0] == native
 
 
-
 def test_replies_that_end_leave_the_others_decoding_as_they_would_alone(tiny_dir):
     """Rows end at different steps (end tokens chosen from the replies alone); the rows left keep decoding
     exactly as they would alone (fp32, greedy), and the steps shrink as they end."""

@@ -34,9 +34,14 @@ def native_bf16(device: str | torch.device = "cpu") -> bool:
     return True  # other accelerators: trust the dtype asked for
 
 
+def asked_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    """The dtype a config's `dtype` names ("auto" = bf16)."""
+    return getattr(torch, "bfloat16" if dtype == "auto" else dtype) if isinstance(dtype, str) else dtype
+
+
 def fast_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> torch.dtype:
     """The dtype to compute in when `dtype` ("auto" = bf16) is asked for on `device` (says so when it differs)."""
-    dtype = getattr(torch, "bfloat16" if dtype == "auto" else dtype) if isinstance(dtype, str) else dtype
+    dtype = asked_dtype(dtype)
     if dtype == torch.bfloat16 and not native_bf16(device):
         log.info("this %s has no bf16 arithmetic (%s): computing in float32 (features and heads written keep bfloat16)",
                  torch.device(device).type, torch.backends.cpu.get_cpu_capability())
