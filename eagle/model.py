@@ -43,6 +43,7 @@ from torch import nn
 from torch.profiler import record_function
 
 from eagle.common import progress
+from eagle.common.precision import fast_dtype
 from eagle.common.openmp_team import release_team
 from eagle.tuning import budget_cache
 from eagle.tuning.machine_load import OthersShare
@@ -155,7 +156,7 @@ class EaModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, base_model_path: str | Path, ea_model_path: str | Path,
-                        torch_dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                        torch_dtype: torch.dtype | str = torch.float32, device: str | torch.device = "cpu",
                         settings: TreeSettings | None = None, compile: bool | None = None,
                         background: bool = True, quiet: bool = False, **tree: object) -> "EaModel":
         """Load the target (alias, folder or Hub id) and a head (our layout or EAGLE's); decodes at once.
@@ -165,8 +166,11 @@ class EaModel(nn.Module):
         times this device and picks the dynamic tree's budget and depth. compile (default on, unless
         EAGLE_COMPILE=0): the target's forwards compiled with fixed shapes (eagle/compiled/target_graphs.py).
         background: tune and compile in a background thread (`from_modules`). Each phase is one line
-        on stderr unless quiet (eagle/common/progress.py)."""
+        on stderr unless quiet (eagle/common/progress.py). torch_dtype: what target and head compute in;
+        bf16 (or "auto") on a device without bf16 arithmetic computes in fp32 and says so
+        (eagle/common/precision.py: there a bf16 verify of 8 rows costs 1.6x an fp32 one)."""
         progress.show(quiet)
+        torch_dtype = fast_dtype(torch_dtype, device)
         settings = TreeSettings(**tree) if settings is None else TreeSettings(**{**settings.__dict__, **tree})
         with progress.phase("resolving the target %s", base_model_path):
             path = resolve_target(base_model_path)

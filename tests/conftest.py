@@ -18,6 +18,9 @@ os.environ["EAGLE_COMPILE"] = "0"
 # A test that compiles takes ATen's matmuls: the C++ GEMM template generates and builds a kernel per
 # matmul (eagle/compiled/graph_cache.py); tests/test_graph_cache.py turns it back on to check it.
 os.environ["EAGLE_MATMULS"] = "aten"
+# ... and calls its kernels from Python: the C++ wrapper (the decoder's default, eagle/compiled/graph_cache.py)
+# compiles a tiny model's graphs 1.5-2.5x slower; the tests that check it set EAGLE_CPP_WRAPPER=1.
+os.environ["EAGLE_CPP_WRAPPER"] = "0"
 
 
 @pytest.fixture(autouse=True)

@@ -62,11 +62,13 @@ def test_compiled_plain_decoding_equals_hf_generate_and_compiles_once_per_shape(
     assert model.compiled.compile_seconds > compiled_once
 
 
-@pytest.mark.parametrize("tree", sorted(TREES))
-def test_compiled_eagle_decoding_equals_hf_generate_across_buckets(tree):
+@pytest.mark.parametrize("tree, cpp_wrapper", [*((t, "0") for t in sorted(TREES)), ("dynamic", "1")])
+def test_compiled_eagle_decoding_equals_hf_generate_across_buckets(tree, cpp_wrapper, monkeypatch):
     """Greedy EAGLE decoding through compiled tree forwards: HF's tokens for every tree kind, with
     long accepted paths (a near-bigram head), a prompt-lookup branch, and a generation that crosses
-    from the 256-row into the 512-row bucket."""
+    from the 256-row into the 512-row bucket; target and head graphs with kernels called from Python
+    (the suite's setting, conftest.py) and from C++ (the decoder's default)."""
+    monkeypatch.setenv("EAGLE_CPP_WRAPPER", cpp_wrapper)
     target, head = near_bigram_pair(4, coupling=0.3)
     model = EaModel(target, head, settings=TreeSettings(**{**TREES[tree].__dict__, "lookup": 4}), compile=True)
     lengths = []

@@ -84,6 +84,11 @@ def _compiled_code(fn, *args, options: dict) -> str:
     return "\n".join(code)
 
 
+def _gemv_calls(code: str) -> int:
+    """Calls of our op in a graph's generated code: from its Python wrapper or from its C++ one."""
+    return code.count("torch.ops.eagle.gemv_linear.default(") + code.count('_dispatcher("eagle::gemv_linear"')
+
+
 @needs_kernel
 def test_our_graphs_take_the_kernel_for_bf16_linears_only(monkeypatch):
     """Frozen weights (our decoder's graphs) and weights as graph inputs; fp32 stays on ATen."""
@@ -96,8 +101,8 @@ def test_our_graphs_take_the_kernel_for_bf16_linears_only(monkeypatch):
         frozen = _compiled_code(lambda i: model(input_ids=i).logits, ids, options=compile_options(model))
         inputs = _compiled_code(lambda i: model(input_ids=i).logits, ids,
                                 options={**compile_options(model), "freezing": False})
-        assert frozen.count("torch.ops.eagle.gemv_linear.default(") == expected, dtype
-        assert inputs.count("torch.ops.eagle.gemv_linear.default(") == expected, dtype
+        assert _gemv_calls(frozen) == expected, dtype
+        assert _gemv_calls(inputs) == expected, dtype
     monkeypatch.setenv("EAGLE_GEMV", "0")
     assert "gemv_linear" not in _compiled_code(lambda i: model(input_ids=i).logits, ids,
                                                options=compile_options(tiny_llama(seed=4, dtype=torch.bfloat16)))
@@ -146,19 +151,23 @@ def test_the_fp32_kind_multiplies_as_the_fp32_matmul_of_the_bf16_weights():
 
 
 @needs_f32_kernel
-def test_fp32_graphs_read_bf16_valued_weights_as_bf16(monkeypatch):
+@pytest.mark.parametrize("cpp_wrapper", ["0", "1"])
+def test_fp32_graphs_read_bf16_valued_weights_as_bf16(monkeypatch, cpp_wrapper):
     """Under the fp32 kind a frozen fp32 weight whose values are all bf16 values (a bf16 checkpoint loaded in
-    fp32) is read through its bf16 copy; other fp32 weights and unfrozen ones stay on ATen and the template."""
+    fp32) is read through its bf16 copy; other fp32 weights and unfrozen ones stay on ATen and the template;
+    the graph's kernels called from Python or from C++ (graph_cache.cpp_wrapper_wanted)."""
     from eagle.compiled.graph_cache import compile_options
 
     monkeypatch.setattr(gemv, "cpu_flags", lambda: set(gemv.F32_FLAGS))
     monkeypatch.setenv("EAGLE_GEMV", "auto")
+    monkeypatch.setenv("EAGLE_CPP_WRAPPER", cpp_wrapper)
     ids = prompt(1, 6)
     exact = tiny_llama(seed=4, dtype=torch.bfloat16).float()
     other = tiny_llama(seed=4, dtype=torch.float32)
     for model, expected in ((exact, 15), (other, 0)):  # 2 layers x 7 linears + the lm_head
         code = _compiled_code(lambda i: model(input_ids=i).logits, ids, options=compile_options(model))
-        assert code.count("torch.ops.eagle.gemv_linear.default(") == expected
+        assert _gemv_calls(code) == expected
+        assert ("cpp_wrapper_src" in code) == (cpp_wrapper == "1")  # a C++ wrapper's source in the module
     inputs = _compiled_code(lambda i: exact(input_ids=i).logits, ids,
                             options={**compile_options(exact), "freezing": False})
     assert "gemv_linear" not in inputs

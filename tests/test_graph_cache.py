@@ -40,7 +40,10 @@ def inductor_counts(monkeypatch):
     torch._dynamo.reset()
 
 
-def test_the_same_weights_compiled_again_are_a_cache_hit_with_the_cpp_template(inductor_counts):
+@pytest.mark.parametrize("cpp_wrapper", ["0", "1"])
+def test_the_same_weights_compiled_again_are_a_cache_hit_with_the_cpp_template(inductor_counts, monkeypatch,
+                                                                               cpp_wrapper):
+    monkeypatch.setenv("EAGLE_CPP_WRAPPER", cpp_wrapper)  # kernels called from Python or from C++
     x = torch.randn(1, 64, dtype=torch.bfloat16)
     first = _compiled(_mlp(0), x)
     assert inductor_counts("fxgraph_cache_miss") == 1  # not "bypass": no oneDNN-packed weights in the graph
@@ -148,10 +151,14 @@ def _packed_copies(k: int, n: int) -> set[int]:
     return found
 
 
-def test_graphs_of_several_widths_share_one_packed_copy_of_each_weight(inductor_counts):
+@pytest.mark.parametrize("cpp_wrapper", ["0", "1"])
+def test_graphs_of_several_widths_share_one_packed_copy_of_each_weight(inductor_counts, monkeypatch, cpp_wrapper):
     """The template packs a weight the same way at every width: one copy serves all graphs, built or loaded
-    from the cache (eagle/compiled/shared_constants.py); a module with other weights keeps its own."""
+    from the cache (eagle/compiled/shared_constants.py), their kernels called from Python or from C++; a module
+    with other weights keeps its own."""
     from torch.compiler._cache import CacheArtifactManager
+
+    monkeypatch.setenv("EAGLE_CPP_WRAPPER", cpp_wrapper)
 
     torch.manual_seed(0)
     wide, other = nn.Linear(512, 1024).eval(), nn.Linear(512, 1024).eval()

@@ -305,6 +305,20 @@ def test_from_pretrained_both_head_layouts(tmp_path, layout):
     assert model.tokenizer is None and model.eos_ids == {2}
 
 
+@pytest.mark.parametrize("bf16_arithmetic, computes_in", [(False, torch.float32), (True, torch.bfloat16)])
+def test_from_pretrained_computes_bf16_in_fp32_where_the_cpu_has_no_bf16_arithmetic(
+        tmp_path, monkeypatch, bf16_arithmetic, computes_in):
+    target, head = near_bigram_pair(4)
+    target.save_pretrained(tmp_path / "target")
+    save_head(tmp_path / "head", head, dtype=torch.bfloat16)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: bf16_arithmetic)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: False)
+    for asked in (torch.bfloat16, "auto"):
+        model = EaModel.from_pretrained(str(tmp_path / "target"), str(tmp_path / "head"), torch_dtype=asked,
+                                        compile=False, total_token=4, depth=2, top_k=2)
+        assert model.target.dtype == computes_in and model.head.fc.weight.dtype == computes_in, asked
+
+
 def test_static_and_dynamic_tree_shapes():
     target = tiny_llama(0)
     model = EaModel(target, random_head(target), settings=TreeSettings(total_token=15, depth=4, top_k=3))
@@ -592,6 +606,21 @@ def test_a_tuned_budget_is_reused_for_the_same_head_target_and_machine(tmp_path,
     EaModel.from_modules(target, random_head(target, 9), settings=auto, background=False)
     again.tune(reuse=False)
     assert len(calls) == 3
+
+
+def test_a_budget_is_keyed_by_how_the_graphs_call_their_kernels(monkeypatch):
+    """The C++ wrapper makes a verify cheaper than a plain step by more (docs/speed.md): a pick timed with
+    one is not reused with the other. Eager decoders have no graphs to tell apart."""
+    from eagle.tuning.budget_cache import budget_key
+
+    target, head = near_bigram_pair(2)
+    compiled = EaModel(target, head, settings=FIXED, compile=True)  # nothing compiles until a forward
+    keys = {}
+    for wrapper in ("1", "0"):
+        monkeypatch.setenv("EAGLE_CPP_WRAPPER", wrapper)
+        keys[wrapper] = budget_key(compiled, [8], [2])
+    assert keys["1"]["cpp_wrapper"] is True and keys["0"]["cpp_wrapper"] is False
+    assert budget_key(EaModel(target, head, settings=FIXED), [8], [2])["cpp_wrapper"] is None
 
 
 def test_a_pick_timed_beside_other_work_is_used_but_not_cached(tmp_path, monkeypatch, caplog):

@@ -127,9 +127,16 @@ def compile_options(*modules: nn.Module) -> dict:
     Under any of them, linear layers take our GEMV where it pays (eagle/compiled/gemv.py, EAGLE_GEMV): bf16 ones, or fp32
     ones over bf16-valued weights on a CPU without bf16 arithmetic.
 
-    Without the template hook (`install_template_gemm`) graphs keep oneDNN prepacking, uncached."""
+    Without the template hook (`install_template_gemm`) graphs keep oneDNN prepacking, uncached.
+
+    `cpp_wrapper` (`cpp_wrapper_wanted`): a graph over CPU weights calls its kernels from generated C++
+    instead of Python; a forward is hundreds of small kernels, whose Python calls and allocations cost
+    milliseconds. On a 2-core AVX512F Xeon (fp32) it cut a compiled forward of 1 / 4 rows from 38.9-44.2 /
+    50.4-52.3 ms to 34.6-36.4 / 41.6-42.7 (docs/speed.md); the first compile of a graph takes 2-3x longer,
+    a cached one about as long."""
     policy = matmuls_policy()
-    options = {"freezing": True, **weights_key(*modules, policy=policy, use_gemv=gemv.active())}
+    options = {"freezing": True, "cpp_wrapper": cpp_wrapper_wanted(*modules),
+               **weights_key(*modules, policy=policy, use_gemv=gemv.active())}
     if policy != "aten":
         options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
     if install_template_gemm():
@@ -139,6 +146,13 @@ def compile_options(*modules: nn.Module) -> dict:
 
 def matmuls_policy() -> str:
     return env_choice("EAGLE_MATMULS", "template", MATMULS)
+
+
+def cpp_wrapper_wanted(*modules: nn.Module) -> bool:
+    """Whether a graph over `modules` calls its kernels from C++: EAGLE_CPP_WRAPPER ("1", the default, or
+    "0"), for weights on the CPU only (GPU graphs keep inductor's default)."""
+    on_cpu = all(p.device.type == "cpu" for m in modules for p in m.parameters())
+    return env_choice("EAGLE_CPP_WRAPPER", "1", ("1", "0")) == "1" and on_cpu
 
 
 def install_template_gemm() -> bool:
