@@ -43,7 +43,7 @@ def fast_dtype(dtype: str | torch.dtype, device: str | torch.device = "cpu") -> 
     """The dtype to compute in when `dtype` ("auto" = bf16) is asked for on `device` (says so when it differs)."""
     dtype = asked_dtype(dtype)
     if dtype == torch.bfloat16 and not native_bf16(device):
-        log.info("this %s has no bf16 arithmetic (%s): computing in float32 (features and heads written keep bfloat16)",
+        log.info("this %s has no bf16 arithmetic (%s): computing in float32 (what is written to disk keeps bfloat16)",
                  torch.device(device).type, torch.backends.cpu.get_cpu_capability())
         return torch.float32
     return dtype

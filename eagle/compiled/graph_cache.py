@@ -131,9 +131,9 @@ def compile_options(*modules: nn.Module) -> dict:
 
     `cpp_wrapper` (`cpp_wrapper_wanted`): a graph over CPU weights calls its kernels from generated C++
     instead of Python; a forward is hundreds of small kernels, whose Python calls and allocations cost
-    milliseconds. On a 2-core AVX512F Xeon (fp32) it cut a compiled forward of 1 / 4 rows from 38.9-44.2 /
-    50.4-52.3 ms to 34.6-36.4 / 41.6-42.7 (docs/speed.md); the first compile of a graph takes 2-3x longer,
-    a cached one about as long."""
+    milliseconds. On a 2-core AVX512F Xeon (fp32) a compiled forward of 1 / 4 rows takes 0.89x / 0.82x as long
+    as with the Python wrapper (docs/speed.md); a graph's first compile takes 2-3x longer, a cached one about
+    as long."""
     policy = matmuls_policy()
     options = {"freezing": True, "cpp_wrapper": cpp_wrapper_wanted(*modules),
                **weights_key(*modules, policy=policy, use_gemv=gemv.active())}
