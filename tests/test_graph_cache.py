@@ -13,7 +13,7 @@ from torch import nn
 from torch._dynamo.utils import counters
 from torch._inductor.utils import fresh_cache
 
-from eagle.compiled import gemv
+from eagle.compiled import attention_kernel, gemv
 from eagle.compiled.graph_cache import compile_options, compiled_call, matmuls_policy, weights_digest
 
 
@@ -130,12 +130,16 @@ def test_matmul_policies_and_a_wrong_one(monkeypatch):
     assert options["freezing"] and "max_autotune" not in options
     monkeypatch.setenv("EAGLE_MATMULS", "template")
     assert compile_options(_mlp(0))["max_autotune"]
-    # the policy (and the GEMV's) joins the cache key: a graph cached under one is never served under another
+    # the policy (and the GEMV's and the attention's) joins the cache key: a graph cached under one is never served
+    # under another
     monkeypatch.setenv("EAGLE_GEMV", "0")
-    assert compile_options(_mlp(0))["post_grad_custom_post_pass"].uuid().endswith("-template")
+    attention = attention_kernel.key()
+    assert compile_options(_mlp(0))["post_grad_custom_post_pass"].uuid().endswith(f"-template-{attention}")
     monkeypatch.setenv("EAGLE_GEMV", "1")
-    assert compile_options(_mlp(0))["post_grad_custom_post_pass"].uuid().endswith("-template" + (
+    assert compile_options(_mlp(0))["post_grad_custom_post_pass"].uuid().endswith(f"-template-{attention}" + (
         f"-{gemv.key()}" if gemv.active() else ""))
+    monkeypatch.setenv("EAGLE_ATTENTION", "0")
+    assert "-template-sdpa" in compile_options(_mlp(0))["post_grad_custom_post_pass"].uuid()
     monkeypatch.setenv("EAGLE_MATMULS", "fastest")
     with pytest.raises(ValueError, match="EAGLE_MATMULS='fastest'"):
         matmuls_policy()

@@ -609,8 +609,8 @@ def test_a_tuned_budget_is_reused_for_the_same_head_target_and_machine(tmp_path,
 
 
 def test_a_budget_is_keyed_by_how_the_graphs_call_their_kernels(monkeypatch):
-    """The C++ wrapper makes a verify cheaper than a plain step by more (docs/speed.md): a pick timed with
-    one is not reused with the other. Eager decoders have no graphs to tell apart."""
+    """The C++ wrapper and our attention kernel make a verify cheaper than a plain step by more (docs/speed.md): a
+    pick timed with one is not reused with the other. Eager decoders have no graphs to tell apart."""
     from eagle.tuning.budget_cache import budget_key
 
     target, head = near_bigram_pair(2)
@@ -620,7 +620,12 @@ def test_a_budget_is_keyed_by_how_the_graphs_call_their_kernels(monkeypatch):
         monkeypatch.setenv("EAGLE_CPP_WRAPPER", wrapper)
         keys[wrapper] = budget_key(compiled, [8], [2])
     assert keys["1"]["cpp_wrapper"] is True and keys["0"]["cpp_wrapper"] is False
-    assert budget_key(EaModel(target, head, settings=FIXED), [8], [2])["cpp_wrapper"] is None
+    for choice in ("auto", "0"):
+        monkeypatch.setenv("EAGLE_ATTENTION", choice)
+        keys[choice] = budget_key(compiled, [8], [2])["attention"]
+    assert keys["auto"].startswith("attn-") and keys["0"] == "sdpa"  # known before the kernel is built
+    eager = budget_key(EaModel(target, head, settings=FIXED), [8], [2])
+    assert eager["cpp_wrapper"] is None and eager["attention"] is None
 
 
 def test_a_pick_timed_beside_other_work_is_used_but_not_cached(tmp_path, monkeypatch, caplog):

@@ -39,7 +39,7 @@ from torch._inductor.custom_graph_pass import CustomGraphPass
 
 from eagle.common.env_choice import env_choice
 from eagle.common.forward_lock import one_forward
-from eagle.compiled import gemv
+from eagle.compiled import attention_kernel, gemv
 from eagle.compiled.shared_constants import sharing
 
 log = logging.getLogger("eagle")
@@ -125,7 +125,8 @@ def compile_options(*modules: nn.Module) -> dict:
     - `aten`: ATen's matmuls, no template: the test suite's tiny models compile in a fraction of the time.
 
     Under any of them, linear layers take our GEMV where it pays (eagle/compiled/gemv.py, EAGLE_GEMV): bf16 ones, or fp32
-    ones over bf16-valued weights on a CPU without bf16 arithmetic.
+    ones over bf16-valued weights on a CPU without bf16 arithmetic; over CPU weights, the target's attention takes
+    our kernel (eagle/compiled/attention_kernel.py, EAGLE_ATTENTION), built here before the trace.
 
     Without the template hook (`install_template_gemm`) graphs keep oneDNN prepacking, uncached.
 
@@ -135,6 +136,8 @@ def compile_options(*modules: nn.Module) -> dict:
     as with the Python wrapper (docs/speed.md); a graph's first compile takes 2-3x longer, a cached one about
     as long."""
     policy = matmuls_policy()
+    if on_cpu(*modules):  # before the trace, which asks whether the kernel is there
+        attention_kernel.ensure_built()
     options = {"freezing": True, "cpp_wrapper": cpp_wrapper_wanted(*modules),
                **weights_key(*modules, policy=policy, use_gemv=gemv.active())}
     if policy != "aten":
@@ -151,8 +154,12 @@ def matmuls_policy() -> str:
 def cpp_wrapper_wanted(*modules: nn.Module) -> bool:
     """Whether a graph over `modules` calls its kernels from C++: EAGLE_CPP_WRAPPER ("1", the default, or
     "0"), for weights on the CPU only (GPU graphs keep inductor's default)."""
-    on_cpu = all(p.device.type == "cpu" for m in modules for p in m.parameters())
-    return env_choice("EAGLE_CPP_WRAPPER", "1", ("1", "0")) == "1" and on_cpu
+    return env_choice("EAGLE_CPP_WRAPPER", "1", ("1", "0")) == "1" and on_cpu(*modules)
+
+
+def on_cpu(*modules: nn.Module) -> bool:
+    """Whether every weight of `modules` is on the CPU."""
+    return all(p.device.type == "cpu" for m in modules for p in m.parameters())
 
 
 def install_template_gemm() -> bool:
@@ -207,7 +214,7 @@ class _WeightsKey(CustomGraphPass):
             gemv.rewrite_linears(graph)
 
     def uuid(self) -> str:
-        return f"{self.digest}-{self.policy}" + (f"-{gemv.key()}" if self.use_gemv else "")
+        return f"{self.digest}-{self.policy}-{attention_kernel.key()}" + (f"-{gemv.key()}" if self.use_gemv else "")
 
 
 def weights_key(*modules: nn.Module, policy: str = "template", use_gemv: bool = False) -> dict:

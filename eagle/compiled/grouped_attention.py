@@ -13,8 +13,9 @@ went from 22.1 to 16.7 ms (2 threads); 8- and 16-row tree forwards did not chang
 34.8 ms against 28.2 and 35.0). Measured alternatives are in docs/speed.md.
 
 `install_grouped_sdpa()` puts a thin wrapper in front of HF's registered `sdpa` function:
-calls that pass `eagle_grouped=True` (only our compiled forwards do) take this path; every
-other call, and any call with softcapping, sinks or a sliding window, runs HF's own function.
+calls that pass `eagle_grouped=True` (only our compiled forwards do) take our C++ kernel where it
+applies (eagle/compiled/attention_kernel.py: a CPU, once built), else this path; every other call, and
+any call with softcapping, sinks or a sliding window, runs HF's own function.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from eagle.compiled import attention_kernel
 
 GROUPED = "eagle_grouped"  # the keyword our compiled forwards pass down to the attention layers
 _UNSUPPORTED = ("softcap", "sinks", "s_aux", "sliding_window", "position_bias")  # HF's function handles these
@@ -45,6 +48,8 @@ def _wrap(hf_sdpa):
         if not ours or attention_mask is None or dropout or any([kwargs.get(k) is not None for k in _UNSUPPORTED]):
             return hf_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        if attention_kernel.applies(query, key, attention_mask):
+            return attention_kernel.masked_attention(query, key, value, attention_mask, scale), None
         return grouped_attention(query, key, value, attention_mask, scale), None
 
     attention.eagle_wraps = hf_sdpa

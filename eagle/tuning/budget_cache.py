@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from eagle.common.permissions import as_if_created
-from eagle.compiled import gemv
+from eagle.compiled import attention_kernel, gemv
 from eagle.compiled.graph_cache import cpp_wrapper_wanted, matmuls_policy
 from eagle.tuning.tuner import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget
 from eagle.targets.resolve import cache_dir
@@ -66,6 +66,7 @@ def budget_key(model, sizes, depths) -> dict:
         "compiled": model.compiled is not None, "matmuls": matmuls_policy() if model.compiled is not None else None,
         "gemv": gemv.active() if model.compiled is not None else None,  # verify costs change with it
         "cpp_wrapper": cpp_wrapper_wanted(target) if model.compiled is not None else None,  # and with it
+        "attention": attention_kernel.key() if model.compiled is not None else None,  # and with the attention
     }
 
 
