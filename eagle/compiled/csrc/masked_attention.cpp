@@ -181,8 +181,6 @@ void run_any(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, cons
     run<T, 0>(q, k, v, mask, scale, s, out);
 }
 
-}  // namespace
-
 // More than kMaxRows rows (a wide verify): ATen's SDPA, whose blocked products win there, with the G query heads of a
 // key/value head as its rows (no copy of the cache per head).
 at::Tensor wide(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value, const at::Tensor& attn_mask,
@@ -192,6 +190,8 @@ at::Tensor wide(const at::Tensor& query, const at::Tensor& key, const at::Tensor
   auto out = at::scaled_dot_product_attention(rows, key, value, mask, 0.0, false, scale);
   return out.reshape({1, s.H, s.r, s.D}).transpose(1, 2).contiguous();
 }
+
+}  // namespace
 
 at::Tensor masked_attention(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
                             const at::Tensor& attn_mask, double scale) {
