@@ -30,7 +30,7 @@ import torch
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-from eagle.common.native_build import native_extension
+from eagle.common.native_build import optional_extension
 
 log = logging.getLogger("data_prep")
 NAME = "eagle_slots"  # the attention implementation this file registers
@@ -42,11 +42,7 @@ SOURCE = Path(__file__).resolve().parent / "csrc" / "slot_attention.cpp"
 def kernel():
     """The attention kernel's extension, or None where it cannot be built."""
     log.info("ours: loading the attention kernel (%s; built at a machine's first use, 1-1.5 min)", SOURCE.name)
-    try:
-        return native_extension("eagle_slot_attention", SOURCE)
-    except Exception as error:  # no compiler, or a failed build: the torch path is exact, only slower
-        log.warning("slot attention kernel not built (%s); decoding with torch's kernels", str(error).splitlines()[0])
-        return None
+    return optional_extension("eagle_slot_attention", SOURCE, log, "decoding with torch's kernels")
 
 
 def reference_decode(q, k, v, k_cache, v_cache, slots, lengths, scale: float, window: int = 0,

@@ -10,6 +10,7 @@ so a home folder shared by nodes of different CPUs never hands one node's binary
 from __future__ import annotations
 
 import hashlib
+import logging
 import platform
 from functools import cache
 from pathlib import Path
@@ -44,3 +45,13 @@ def native_extension(stem: str, source: Path):
 
     return cpp_extension.load(f"{stem}_{cpu_key()}", [str(source)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
                               verbose=False)
+
+
+def optional_extension(stem: str, source: Path, logger: logging.Logger, instead: str):
+    """`native_extension`, or None where it cannot be built (no compiler, a failed build: the torch path it replaces
+    is exact, only slower), with a warning in `logger` naming the source and what runs `instead`."""
+    try:
+        return native_extension(stem, source)
+    except Exception as error:
+        logger.warning("%s not built (%s); %s", source.name, str(error).splitlines()[0], instead)
+        return None

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from eagle.common.env_choice import env_choice
-from eagle.common.native_build import native_extension
+from eagle.common.native_build import optional_extension
 
 log = logging.getLogger("eagle")
 SOURCE = Path(__file__).resolve().parent / "csrc" / "masked_attention.cpp"
@@ -83,10 +83,8 @@ def _source_digest() -> str:
 def _build():
     global _built
     log.info("loading the attention kernel (%s; built at a machine's first use, ~20 s)", SOURCE.name)
-    try:
-        ext = native_extension("eagle_masked_attention", SOURCE)
-    except Exception as error:  # no compiler, or a failed build: SDPA is exact, only slower here
-        log.warning("attention kernel not built (%s); attention stays on SDPA", str(error).splitlines()[0])
+    ext = optional_extension("eagle_masked_attention", SOURCE, log, "attention stays on SDPA")
+    if ext is None:
         return None
     torch.library.register_fake("eagle::masked_attention")(_fake)
     _built = True

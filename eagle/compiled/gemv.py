@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 
 from eagle.common.env_choice import env_choice
-from eagle.common.native_build import cpu_flags, native_extension
+from eagle.common.native_build import cpu_flags, optional_extension
 
 log = logging.getLogger("eagle")
 SOURCE = Path(__file__).resolve().parent / "csrc" / "gemv_bf16.cpp"
@@ -94,10 +94,8 @@ def kernel():
 @cache
 def _build():
     log.info("loading the GEMV kernel (%s; built at a machine's first use, ~20 s)", SOURCE.name)
-    try:
-        ext = native_extension("eagle_gemv_bf16", SOURCE)
-    except Exception as error:  # no compiler, or a failed build: ATen's matmuls are exact, only slower here
-        log.warning("GEMV kernel not built (%s); matmuls stay on ATen and inductor", str(error).splitlines()[0])
+    ext = optional_extension("eagle_gemv_bf16", SOURCE, log, "matmuls stay on ATen and inductor")
+    if ext is None:
         return None
     torch.library.register_fake("eagle::gemv_linear")(_fake)
     return ext if ext.available() or ext.available_f32() else None
