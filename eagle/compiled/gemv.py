@@ -5,8 +5,8 @@ reading the weights.
         count = gemv.rewrite_linears(graph)    # inductor's post-grad graph: x @ w^T -> eagle::gemv_linear
 
 A decode step multiplies a few rows (1 for a plain step, a tree's nodes for a verify) by every weight once,
-so it runs at the speed the weights are read. The kernel (eagle/compiled/csrc/gemv_bf16.cpp: four output rows
-at a time, the input rows four at a time against the same weights from L1) reads bf16 weights, in two kinds:
+so it runs at the speed the weights are read. The kernel (eagle/compiled/csrc/gemv_bf16.cpp: three or four output
+rows at a time, up to eight input rows against them as the weights stream in) reads bf16 weights, in two kinds:
 
 - `bf16`: bf16 rows. On a Zen 4 CPU (AVX512-BF16, no AMX) inductor's C++ GEMM template and ATen's linear read
   the weights at 15-19 GB/s of the ~40 the memory streams, the kernel at ~30 (docs/speed.md). On a CPU with AMX a

@@ -6,12 +6,15 @@
 //     fp32 model whose weights are these bf16 values, reading half the bytes.
 //
 // A decode step multiplies a handful of rows by every weight once, so it is bound by how fast the weights
-// stream from memory. Each thread takes blocks of 16 output rows. Four output rows are read together, one
-// register of inputs at a time, fetched 8 rows ahead; the input rows are taken 4 at a time, each multiplied
-// into the 4 weight registers (16 accumulators). The first group of input rows reads the weights from memory,
-// the later groups re-read the same 4 rows from L1 (4 x I x 2 bytes) while they fetch rows further ahead into
-// L2, so any row count streams the weights once. Inputs need not fill the last register: it is loaded masked.
-// Each output is its row's own sum, whatever rows run beside it.
+// stream from memory. Each thread takes blocks of 16 output rows. R output rows are read together (4; 3 from 7
+// input rows), one register of inputs at a time, fetched 8 rows ahead; the input rows are taken up to 8 at a
+// time, each multiplied into the R weight registers (up to 24 accumulators of the 32 registers). The first
+// group of input rows reads the weights from memory, the later groups re-read the same R rows from L1 (R x I x
+// 2 bytes) while they fetch rows further ahead into L2, so any row count streams the weights once. Up to 8 rows
+// take one pass: multiplying while the weights stream in, where a second pass over L1 would add its products'
+// time to the stream's (on an AVX512F Xeon an 8-row call of the target's weights took 0.8x as long as two
+// passes of 4). Inputs need not fill the last register: it is loaded masked. Each output is its row's own sum,
+// whatever rows run beside it.
 
 #include <torch/extension.h>
 
@@ -28,8 +31,7 @@
 namespace {
 
 #ifdef EAGLE_GEMV_F32
-constexpr int kRows = 4;        // output rows read together
-constexpr int kGroup = 4;       // input rows multiplied together
+constexpr int kGroup = 8;       // input rows multiplied together (one pass over the weights)
 constexpr int64_t kBlock = 16;  // output rows a task
 constexpr int64_t kAhead = 8;   // output rows the weights are fetched ahead
 
@@ -92,58 +94,62 @@ struct F32 {
   }
 };
 
-// Output rows o..o+n-1 (n <= kRows) for input rows x[0..G-1]; `fetch`: prefetch the weights ahead (first group).
-template <typename K, int G, bool fetch>
+// Output rows o..o+n-1 (n <= R) for input rows x[0..G-1]; `fetch`: prefetch the weights ahead (first group).
+template <typename K, int G, int R, bool fetch>
 void rows_block(const typename K::X* x, const uint16_t* w, typename K::Y* y, int64_t I, int64_t O, int64_t o, int n,
                 int64_t ahead) {
   using Mask = typename K::Mask;
-  __m512 acc[G][kRows];
+  __m512 acc[G][R];
   for (int g = 0; g < G; ++g)
-    for (int r = 0; r < kRows; ++r) acc[g][r] = _mm512_setzero_ps();
-  const uint16_t* row[kRows];
-  for (int r = 0; r < kRows; ++r) row[r] = w + (o + std::min(r, n - 1)) * I;
+    for (int r = 0; r < R; ++r) acc[g][r] = _mm512_setzero_ps();
+  const uint16_t* row[R];
+  for (int r = 0; r < R; ++r) row[r] = w + (o + std::min(r, n - 1)) * I;
   const auto step = [&](int64_t k, Mask mask) {
-    typename K::W wv[kRows];
-    for (int r = 0; r < kRows; ++r) {
+    typename K::W wv[R];
+    for (int r = 0; r < R; ++r) {
       if (fetch) _mm_prefetch(reinterpret_cast<const char*>(row[r] + kAhead * I + k), _MM_HINT_T0);
       else _mm_prefetch(reinterpret_cast<const char*>(row[r] + ahead * I + k), _MM_HINT_T1);
       wv[r] = K::weights(row[r] + k, mask);
     }
     for (int g = 0; g < G; ++g)
-      for (int r = 0; r < kRows; ++r) acc[g][r] = K::madd(acc[g][r], x + g * I + k, wv[r], mask);
+      for (int r = 0; r < R; ++r) acc[g][r] = K::madd(acc[g][r], x + g * I + k, wv[r], mask);
   };
   const int64_t full = I / K::kLanes * K::kLanes;
   for (int64_t k = 0; k < full; k += K::kLanes) step(k, Mask(~Mask(0)));
   if (full < I) step(full, Mask((Mask(1) << (I - full)) - 1));
-  float sums[kGroup * kRows];
-  reduce16(&acc[0][0], G * kRows, sums);
+  float sums[G * R];
+  for (int c = 0; c < G * R; c += 16) reduce16(&acc[0][0] + c, std::min(16, G * R - c), sums + c);
   for (int g = 0; g < G; ++g)
-    for (int r = 0; r < n; ++r) y[g * O + o + r] = typename K::Y(sums[g * kRows + r]);
+    for (int r = 0; r < n; ++r) y[g * O + o + r] = typename K::Y(sums[g * R + r]);
 }
 
-template <typename K, bool fetch>
+template <typename K, int R, bool fetch>
 void group(int g, const typename K::X* x, const uint16_t* w, typename K::Y* y, int64_t I, int64_t O, int64_t o, int n,
            int64_t ahead) {
   switch (g) {
-    case 1: rows_block<K, 1, fetch>(x, w, y, I, O, o, n, ahead); break;
-    case 2: rows_block<K, 2, fetch>(x, w, y, I, O, o, n, ahead); break;
-    case 3: rows_block<K, 3, fetch>(x, w, y, I, O, o, n, ahead); break;
-    default: rows_block<K, 4, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 1: rows_block<K, 1, R, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 2: rows_block<K, 2, R, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 3: rows_block<K, 3, R, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 4: rows_block<K, 4, R, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 5: rows_block<K, 5, R, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 6: rows_block<K, 6, R, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 7: rows_block<K, 7, R, fetch>(x, w, y, I, O, o, n, ahead); break;
+    default: rows_block<K, 8, R, fetch>(x, w, y, I, O, o, n, ahead); break;
   }
 }
 
-// Output rows o0..o1-1 for all M input rows.
-template <typename K>
+// Output rows o0..o1-1 for all M input rows, R output rows at a time.
+template <typename K, int R>
 void block(const typename K::X* x, const uint16_t* w, typename K::Y* y, int64_t M, int64_t I, int64_t O, int64_t o0,
            int64_t o1) {
-  for (int64_t o = o0; o < o1; o += kRows) {
-    const int n = static_cast<int>(std::min<int64_t>(kRows, o1 - o));
+  for (int64_t o = o0; o < o1; o += R) {
+    const int n = static_cast<int>(std::min<int64_t>(R, o1 - o));
     for (int64_t m = 0; m < M; m += kGroup) {
       const int g = static_cast<int>(std::min<int64_t>(kGroup, M - m));
       if (m == 0)
-        group<K, true>(g, x, w, y, I, O, o, n, 0);
+        group<K, R, true>(g, x, w, y, I, O, o, n, 0);
       else  // the later groups fetch rows further ahead into L2, while they compute from L1
-        group<K, false>(g, x + m * I, w, y + m * O, I, O, o, n, kAhead + kRows * (m / kGroup));
+        group<K, R, false>(g, x + m * I, w, y + m * O, I, O, o, n, kAhead + R * (m / kGroup));
     }
   }
 }
@@ -155,7 +161,10 @@ void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
   const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
   auto* yp = reinterpret_cast<typename K::Y*>(y.data_ptr());
   at::parallel_for(0, (O + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
-    block<K>(xp, wp, yp, M, I, O, b0 * kBlock, std::min(O, b1 * kBlock));
+    if (M < 7)  // up to 6 x 4 accumulators
+      block<K, 4>(xp, wp, yp, M, I, O, b0 * kBlock, std::min(O, b1 * kBlock));
+    else  // 7 or 8 input rows a pass: 3 output rows, up to 24 accumulators (of 32 registers)
+      block<K, 3>(xp, wp, yp, M, I, O, b0 * kBlock, std::min(O, b1 * kBlock));
   });
 }
 #endif
