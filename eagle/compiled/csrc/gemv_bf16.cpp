@@ -33,6 +33,7 @@ namespace {
 #ifdef EAGLE_GEMV_F32
 constexpr int kGroup = 8;       // input rows multiplied together (one pass over the weights)
 constexpr int64_t kBlock = 16;  // output rows a task
+constexpr int64_t kBlock3 = 18;  // output rows a task, 3 at a time (16 would leave a block of 1)
 constexpr int64_t kAhead = 8;   // output rows the weights are fetched ahead
 
 // sums[i] = the sum of a[i]'s 16 lanes, for i < count (<= 16), by one transposing tree: 8 + 4 + 4 + 2 vector
@@ -160,12 +161,15 @@ void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
   const auto* xp = reinterpret_cast<const typename K::X*>(x.data_ptr());
   const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
   auto* yp = reinterpret_cast<typename K::Y*>(y.data_ptr());
-  at::parallel_for(0, (O + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
-    if (M < 7)  // up to 6 x 4 accumulators
+  if (M < 7) {  // up to 6 x 4 accumulators
+    at::parallel_for(0, (O + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
       block<K, 4>(xp, wp, yp, M, I, O, b0 * kBlock, std::min(O, b1 * kBlock));
-    else  // 7 or 8 input rows a pass: 3 output rows, up to 24 accumulators (of 32 registers)
-      block<K, 3>(xp, wp, yp, M, I, O, b0 * kBlock, std::min(O, b1 * kBlock));
-  });
+    });
+  } else {  // 7 or 8 input rows a pass: 3 output rows, up to 24 accumulators (of 32 registers), in tasks of 18
+    at::parallel_for(0, (O + kBlock3 - 1) / kBlock3, 1, [&](int64_t b0, int64_t b1) {
+      block<K, 3>(xp, wp, yp, M, I, O, b0 * kBlock3, std::min(O, b1 * kBlock3));
+    });
+  }
 }
 #endif
 
