@@ -16,6 +16,12 @@ needs_kernel = pytest.mark.skipif("avx512_bf16" not in cpu_flags(), reason="the 
 needs_f32_kernel = pytest.mark.skipif(not gemv.F32_FLAGS <= cpu_flags(), reason="the fp32 kind needs AVX512F/BW/VL")
 
 
+# (rows, inputs, outputs): row counts through one pass (4 or 3 output rows at a time) and two, inputs not a
+# multiple of a register's lanes, outputs not of a task's rows
+SHAPES = ((1, 64, 16), (2, 96, 37), (3, 40, 5), (4, 128, 130), (5, 576, 33), (7, 576, 35), (8, 200, 64), (13, 7, 70),
+          (16, 96, 19))
+
+
 def _bf16(*shape: int) -> torch.Tensor:
     return torch.randn(*shape).to(torch.bfloat16)
 
@@ -26,8 +32,7 @@ def test_the_kernel_multiplies_as_a_float_matmul_rounded_to_bf16():
     outputs not of 16."""
     assert gemv.kernel() is not None
     torch.manual_seed(0)
-    for rows, inputs, outputs in ((1, 64, 16), (2, 96, 37), (3, 40, 5), (4, 128, 130), (5, 576, 33), (7, 576, 35),
-                                  (8, 200, 64), (13, 7, 70), (16, 96, 19)):
+    for rows, inputs, outputs in SHAPES:
         x, w = _bf16(rows, inputs), _bf16(outputs, inputs)
         y = torch.ops.eagle.gemv_linear(x, w, 64)
         expected = F.linear(x.float(), w.float())
@@ -141,8 +146,7 @@ def test_the_fp32_kind_multiplies_as_the_fp32_matmul_of_the_bf16_weights():
     any row count, inputs not a multiple of 16, outputs not of 4; a row's bits never depend on its neighbours."""
     assert gemv.kernel() is not None
     torch.manual_seed(5)
-    for rows, inputs, outputs in ((1, 64, 16), (2, 96, 37), (3, 40, 5), (4, 128, 130), (5, 576, 33), (7, 576, 35),
-                                  (8, 200, 64), (13, 7, 70), (16, 96, 19)):
+    for rows, inputs, outputs in SHAPES:
         x, w = torch.randn(rows, inputs), _bf16(outputs, inputs)
         y = torch.ops.eagle.gemv_linear(x, w, 64)
         assert y.dtype == torch.float32 and y.shape == (rows, outputs)

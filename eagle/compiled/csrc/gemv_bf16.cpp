@@ -6,7 +6,7 @@
 //     fp32 model whose weights are these bf16 values, reading half the bytes.
 //
 // A decode step multiplies a handful of rows by every weight once, so it is bound by how fast the weights
-// stream from memory. Each thread takes blocks of 16 output rows. R output rows are read together (4; 3 from 7
+// stream from memory. Each thread takes blocks of 16 (or 18) output rows. R output rows are read together (4; 3 from 7
 // input rows), one register of inputs at a time, fetched 8 rows ahead; the input rows are taken up to 8 at a
 // time, each multiplied into the R weight registers (up to 24 accumulators of the 32 registers). The first
 // group of input rows reads the weights from memory, the later groups re-read the same R rows from L1 (R x I x
@@ -32,8 +32,7 @@ namespace {
 
 #ifdef EAGLE_GEMV_F32
 constexpr int kGroup = 8;       // input rows multiplied together (one pass over the weights)
-constexpr int64_t kBlock = 16;  // output rows a task
-constexpr int64_t kBlock3 = 18;  // output rows a task, 3 at a time (16 would leave a block of 1)
+constexpr int64_t kBlock = 16;  // output rows a task, at least (rounded up to a multiple of R)
 constexpr int64_t kAhead = 8;   // output rows the weights are fetched ahead
 
 // sums[i] = the sum of a[i]'s 16 lanes, for i < count (<= 16), by one transposing tree: 8 + 4 + 4 + 2 vector
@@ -155,21 +154,25 @@ void block(const typename K::X* x, const uint16_t* w, typename K::Y* y, int64_t 
   }
 }
 
+// The threads' tasks: blocks of the output rows, R at a time.
+template <typename K, int R>
+void tasks(const typename K::X* x, const uint16_t* w, typename K::Y* y, int64_t M, int64_t I, int64_t O) {
+  constexpr int64_t rows = (kBlock + R - 1) / R * R;  // a task's output rows: a multiple of R (16; 18 for R = 3)
+  at::parallel_for(0, (O + rows - 1) / rows, 1, [&](int64_t b0, int64_t b1) {
+    block<K, R>(x, w, y, M, I, O, b0 * rows, std::min(O, b1 * rows));
+  });
+}
+
 template <typename K>
 void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
   const int64_t M = x.size(0), I = x.size(1), O = w.size(0);
   const auto* xp = reinterpret_cast<const typename K::X*>(x.data_ptr());
   const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
   auto* yp = reinterpret_cast<typename K::Y*>(y.data_ptr());
-  if (M < 7) {  // up to 6 x 4 accumulators
-    at::parallel_for(0, (O + kBlock - 1) / kBlock, 1, [&](int64_t b0, int64_t b1) {
-      block<K, 4>(xp, wp, yp, M, I, O, b0 * kBlock, std::min(O, b1 * kBlock));
-    });
-  } else {  // 7 or 8 input rows a pass: 3 output rows, up to 24 accumulators (of 32 registers), in tasks of 18
-    at::parallel_for(0, (O + kBlock3 - 1) / kBlock3, 1, [&](int64_t b0, int64_t b1) {
-      block<K, 3>(xp, wp, yp, M, I, O, b0 * kBlock3, std::min(O, b1 * kBlock3));
-    });
-  }
+  if (M < 7)  // up to 6 x 4 accumulators
+    tasks<K, 4>(xp, wp, yp, M, I, O);
+  else  // 7 or 8 input rows a pass: 3 output rows, up to 24 accumulators (of 32 registers)
+    tasks<K, 3>(xp, wp, yp, M, I, O);
 }
 #endif
 
