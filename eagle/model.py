@@ -325,7 +325,8 @@ class EaModel(nn.Module):
             yield self._emit(stats, budget, token, start)
             if budget.done:
                 return
-            logits = self.plain(token)
+            with record_function("eagle.step"), record_function("eagle.plain.forward"):
+                logits = self.plain(token)
             stats.steps += 1
             stats.accept_lengths.append(1)
 

@@ -15,6 +15,7 @@
       eagle.verify.accept     greedy / rejection-sampling acceptance
       eagle.cache.commit      gathering the accepted rows of the target KV cache
       eagle.head.update       re-encoding the accepted tokens into the head's cache
+      eagle.plain.forward     a plain step's target forward (a budget of one node: nothing drafted)
 
 "other" rows are a parent's time not covered by its children (top-k, small tensor work,
 Python). Unprofiled timings cover all prompts; the profiler records only the first
@@ -37,7 +38,7 @@ from eagle.targets.tokenizer import chat_prompt
 
 SECTIONS = {  # name -> children
     "eagle.step": ["eagle.draft", "eagle.verify.mask", "eagle.verify.forward", "eagle.verify.accept",
-                   "eagle.cache.commit", "eagle.head.update"],
+                   "eagle.cache.commit", "eagle.head.update", "eagle.plain.forward"],
     "eagle.draft": ["eagle.draft.head", "eagle.draft.lm_head", "eagle.draft.tree"],
 }
 
@@ -51,7 +52,8 @@ def breakdown(range_ms: dict[str, float], steps: int) -> list[tuple[str, float]]
         children = SECTIONS.get(name)
         if children:
             for c in children:
-                walk(c, indent + 1)
+                if c in range_ms:  # phases this decoding ran
+                    walk(c, indent + 1)
             covered = sum(range_ms.get(c, 0.0) for c in children)
             rows.append(("  " * (indent + 1) + "other", (range_ms.get(name, 0.0) - covered) / steps))
 

@@ -28,3 +28,13 @@ def test_report_times_a_second_pass_and_breaks_a_step_into_its_phases(monkeypatc
     step_ms = r["breakdown_ms"][0][1]
     assert abs(step_ms - r["ms_per_step"]) < 1e-6 * step_ms  # the profiled shares scaled to unprofiled ms
     assert "| `step` |" in markdown(r)
+
+
+def test_a_plain_budget_breaks_its_steps_into_the_target_forward():
+    target, head = near_bigram_pair(3)
+    model = EaModel(target, head, settings=TreeSettings(total_token=1, depth=1, top_k=2, lookup=0),
+                    compile=False)
+    r = report(model, [prompt(0, 5)], max_new_tokens=6, profile_prompts=1)
+    names = [name.strip() for name, _ in r["breakdown_ms"]]
+    assert names[:2] == ["step", "plain.forward"] and "draft" not in names
+    assert r["tau"] == 1.0 and r["ms_per_step"] > 0
