@@ -57,6 +57,22 @@ inline void reduce16(const __m512* a, int count, float* sums) {
   for (int i = 0; i < count; ++i) sums[i] = lanes[4 * (i % 4) + i / 4];
 }
 
+// reduce16's sums of up to 4 registers, by the same tree (so the same sums, bit for bit) without its 12 zero
+// registers: a pass of one input row reduces 3 or 4 at a time.
+inline void reduce4(const __m512* a, int count, float* sums) {
+  __m512 v[4];
+  for (int i = 0; i < 4; ++i) v[i] = i < count ? a[i] : _mm512_setzero_ps();
+  const __m512 b0 = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44), _mm512_shuffle_f32x4(v[0], v[1], 0xEE));
+  const __m512 b1 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xEE));
+  // quarter q: 4 partial sums of v[q]
+  const __m512 c = _mm512_add_ps(_mm512_shuffle_f32x4(b0, b1, 0x88), _mm512_shuffle_f32x4(b0, b1, 0xDD));
+  const __m512 u = _mm512_add_ps(c, _mm512_permute_ps(c, 0x4E));  // lane 4q: partials 0 + 2, lane 4q + 1: 1 + 3
+  const __m512 t = _mm512_add_ps(u, _mm512_permute_ps(u, 0xB1));  // lane 4q: the sum of v[q]
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, t);
+  for (int i = 0; i < count; ++i) sums[i] = lanes[4 * i];
+}
+
 // The bf16 kind's step: 32 inputs a register, pair dot products into fp32 lanes.
 struct Bf16 {
   using X = uint16_t;
@@ -118,7 +134,10 @@ void rows_block(const typename K::X* x, const uint16_t* w, typename K::Y* y, int
   for (int64_t k = 0; k < full; k += K::kLanes) step(k, Mask(~Mask(0)));
   if (full < I) step(full, Mask((Mask(1) << (I - full)) - 1));
   float sums[G * R];
-  for (int c = 0; c < G * R; c += 16) reduce16(&acc[0][0] + c, std::min(16, G * R - c), sums + c);
+  if (G * R <= 4)
+    reduce4(&acc[0][0], G * R, sums);
+  else
+    for (int c = 0; c < G * R; c += 16) reduce16(&acc[0][0] + c, std::min(16, G * R - c), sums + c);
   for (int g = 0; g < G; ++g)
     for (int r = 0; r < n; ++r) y[g * O + o + r] = typename K::Y(sums[g * R + r]);
 }
