@@ -6,8 +6,8 @@
 //     fp32 model whose weights are these bf16 values, reading half the bytes.
 //
 // A decode step multiplies a handful of rows by every weight once, so it is bound by how fast the weights
-// stream from memory. Each thread takes blocks of 16 (or 18) output rows. R output rows are read together (4; 3 from 7
-// input rows), one register of inputs at a time, fetched 8 rows ahead; the input rows are taken up to 8 at a
+// stream from memory. Each thread takes blocks of 16 (or 18) output rows. R output rows are read together (4; 3
+// from 7 input rows), one register of inputs at a time, fetched 8 rows ahead; the input rows are taken up to 8 at a
 // time, each multiplied into the R weight registers (up to 24 accumulators of the 32 registers). The first
 // group of input rows reads the weights from memory, the later groups re-read the same R rows from L1 (R x I x
 // 2 bytes) while they fetch rows further ahead into L2, so any row count streams the weights once. Up to 8 rows
@@ -35,19 +35,25 @@ constexpr int kGroup = 8;       // input rows multiplied together (one pass over
 constexpr int64_t kBlock = 16;  // output rows a task, at least (rounded up to a multiple of R)
 constexpr int64_t kAhead = 8;   // output rows the weights are fetched ahead
 
+// The first two levels of the transposing tree below. halves(x, y): lanes 0-7 partial sums of x, 8-15 of y.
+inline __m512 halves(__m512 x, __m512 y) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x44), _mm512_shuffle_f32x4(x, y, 0xEE));
+}
+
+// quarters(x, y) of two `halves`: quarter q holds 4 partial sums of the q-th of their 4 sources.
+inline __m512 quarters(__m512 x, __m512 y) {
+  return _mm512_add_ps(_mm512_shuffle_f32x4(x, y, 0x88), _mm512_shuffle_f32x4(x, y, 0xDD));
+}
+
 // sums[i] = the sum of a[i]'s 16 lanes, for i < count (<= 16), by one transposing tree: 8 + 4 + 4 + 2 vector
 // adds for all of them, where 16 separate reductions cost ~12 instructions each.
 inline void reduce16(const __m512* a, int count, float* sums) {
   __m512 v[16];
   for (int i = 0; i < 16; ++i) v[i] = i < count ? a[i] : _mm512_setzero_ps();
   __m512 b[8];  // b[i]: lanes 0-7 partial sums of v[2i], 8-15 of v[2i+1]
-  for (int i = 0; i < 8; ++i)
-    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
-                         _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xEE));
+  for (int i = 0; i < 8; ++i) b[i] = halves(v[2 * i], v[2 * i + 1]);
   __m512 c[4];  // c[i]: quarter q holds 4 partial sums of v[4i + q]
-  for (int i = 0; i < 4; ++i)
-    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
-                         _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  for (int i = 0; i < 4; ++i) c[i] = quarters(b[2 * i], b[2 * i + 1]);
   const __m512 u = _mm512_add_ps(_mm512_unpacklo_ps(c[0], c[1]), _mm512_unpackhi_ps(c[0], c[1]));
   const __m512 w = _mm512_add_ps(_mm512_unpacklo_ps(c[2], c[3]), _mm512_unpackhi_ps(c[2], c[3]));
   // lane 4q + j: the sum of v[4j + q]
@@ -62,10 +68,7 @@ inline void reduce16(const __m512* a, int count, float* sums) {
 inline void reduce4(const __m512* a, int count, float* sums) {
   __m512 v[4];
   for (int i = 0; i < 4; ++i) v[i] = i < count ? a[i] : _mm512_setzero_ps();
-  const __m512 b0 = _mm512_add_ps(_mm512_shuffle_f32x4(v[0], v[1], 0x44), _mm512_shuffle_f32x4(v[0], v[1], 0xEE));
-  const __m512 b1 = _mm512_add_ps(_mm512_shuffle_f32x4(v[2], v[3], 0x44), _mm512_shuffle_f32x4(v[2], v[3], 0xEE));
-  // quarter q: 4 partial sums of v[q]
-  const __m512 c = _mm512_add_ps(_mm512_shuffle_f32x4(b0, b1, 0x88), _mm512_shuffle_f32x4(b0, b1, 0xDD));
+  const __m512 c = quarters(halves(v[0], v[1]), halves(v[2], v[3]));  // quarter q: 4 partial sums of v[q]
   const __m512 u = _mm512_add_ps(c, _mm512_permute_ps(c, 0x4E));  // lane 4q: partials 0 + 2, lane 4q + 1: 1 + 3
   const __m512 t = _mm512_add_ps(u, _mm512_permute_ps(u, 0xB1));  // lane 4q: the sum of v[q]
   alignas(64) float lanes[16];
