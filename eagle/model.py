@@ -40,9 +40,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from torch.profiler import record_function
 
 from eagle.common import progress
+from eagle.common.profiled import profiled
 from eagle.common.precision import fast_dtype
 from eagle.common.openmp_team import release_team
 from eagle.tuning import budget_cache
@@ -308,7 +308,7 @@ class EaModel(nn.Module):
         stats.prefill_seconds = time.perf_counter() - start
         yield self._emit(stats, budget, first, start)
         while not budget.done:
-            with record_function("eagle.step"):
+            with profiled("eagle.step"):
                 state, new = self.step(state, self.draft(state), params)
             stats.steps += 1
             stats.accept_lengths.append(new.numel())
@@ -325,7 +325,7 @@ class EaModel(nn.Module):
             yield self._emit(stats, budget, token, start)
             if budget.done:
                 return
-            with record_function("eagle.step"), record_function("eagle.plain.forward"):
+            with profiled("eagle.step"), profiled("eagle.plain.forward"):
                 logits = self.plain(token)
             stats.steps += 1
             stats.accept_lengths.append(1)
@@ -335,7 +335,7 @@ class EaModel(nn.Module):
     def prefill(self, input_ids: torch.Tensor, params: SamplingParams = GREEDY) -> tuple[DecodeState, torch.Tensor]:
         """Target and head over the prompt [1, S]; returns the state and the first new token [1]."""
         out, cache = self.runner.prefill(input_ids, self.verify_rows)  # compiled: a bucket with room for a tree
-        logits, features = self._outputs(out, input_ids.shape[1])  # [S, V], [S, F]
+        logits, features = self._outputs(out, input_ids.shape[1])  # [1, V] (the last row's), [S, F]
         root = sample(logits[-1], params).reshape(1)  # [1]
         ids = torch.cat([input_ids, root[None]], dim=1)  # [1, S+1]
         hidden, head_past = self.drafter.prefill(features, ids[0, 1:])
@@ -344,12 +344,12 @@ class EaModel(nn.Module):
     def draft(self, state: DecodeState) -> Tree:
         """1. The head's tree (dynamic or static, per `settings`), plus the prompt-lookup chain when one is found."""
         s = self.settings
-        with record_function("eagle.draft"):
+        with profiled("eagle.draft"):
             if self.static is None:
                 tokens, parents = self.drafter.dynamic(state, s.total_token, s.depth, s.top_k)
             else:
                 tokens, parents = self.drafter.static(state, self.static)
-            with record_function("eagle.draft.tree"):
+            with profiled("eagle.draft.tree"):
                 if s.lookup:
                     chain = lookup_chain(state.ids[0], s.lookup)
                     if chain.numel():
@@ -376,7 +376,7 @@ class EaModel(nn.Module):
 
     def accept(self, tree: Tree, verified: Verified, params: SamplingParams = GREEDY) -> tuple[torch.Tensor, int]:
         """3. The accepted root-to-node path (node indices [n-1], root first) and the bonus token."""
-        with record_function("eagle.verify.accept"):
+        with profiled("eagle.verify.accept"):
             if params.greedy:
                 return verify_greedy(tree, verified.logits)
             return verify_sampling(tree, verified.logits, params)
@@ -386,11 +386,11 @@ class EaModel(nn.Module):
         """4. Keep the accepted rows of the target cache (in place) and encode them into the head's;
         returns the new state (which takes over the target cache) and the new tokens [n]."""
         past, device = state.committed, state.ids.device
-        with record_function("eagle.cache.commit"):
+        with profiled("eagle.cache.commit"):
             self._keep_rows(state, path)
         new = torch.cat([tree.tokens.to(device)[path[1:].to(device)], torch.tensor([bonus], device=device)])  # [n]
         n = new.numel()
-        with record_function("eagle.head.update"):  # head rows past .. past+n-1: (f of each accepted node, next token)
+        with profiled("eagle.head.update"):  # head rows past .. past+n-1: (f of each accepted node, next token)
             positions = torch.arange(past, past + n, device=device)
             hidden, head_past = self.drafter.encode(verified.features[path.to(device)], new, positions, None,
                                                     state.head_past)

@@ -3,7 +3,7 @@
     python -m evaluation.profile --head checkpoints/eagle-smollm2-135m-instruct --prompts mtbench \
         --limit 8 --max-new-tokens 128 --dtype bfloat16 --threads 1
 
-`EaModel` marks its phases with `record_function` ranges (free when no profiler runs):
+`EaModel` marks its phases with profiler ranges (eagle/common/profiled.py: opened only while a profiler records):
 
     eagle.step            one decode step
       eagle.draft         growing the draft tree

@@ -177,6 +177,22 @@ def test_greedy_equals_naivegenerate_and_log_semantics():
     assert torch.equal(naive, out) and new_n == 30 and steps_n == 29
 
 
+def test_a_prompt_forward_computes_only_its_last_rows_logits():
+    """Both prefills (speculative and plain) ask the target for the last row's logits only: its lm_head
+    multiplies one row, not every row of the prompt, and the decoding stays HF's."""
+    target, head = near_bigram_pair(5)
+    model = EaModel(target, head, settings=FIXED)
+    rows = []
+    hook = target.lm_head.register_forward_hook(lambda module, args, out: rows.append(args[0].shape[-2]))
+    ids = prompt(1, 9)
+    with torch.inference_mode():
+        model.prefill(ids)
+        model.plain.prefill(ids)
+    hook.remove()
+    assert rows == [1, 1]
+    assert torch.equal(model.eagenerate(ids, max_new_tokens=12), hf_greedy(target, ids, 12))
+
+
 def test_streaming_yields_the_same_tokens():
     target, head = near_bigram_pair(2)
     model = EaModel(target, head, settings=FIXED)

@@ -111,7 +111,7 @@ def test_a_pass_without_metrics_has_the_same_loss_and_gradient(objective):
 
 
 def test_the_target_token_is_the_first_argmax_even_among_bf16_ties():
-    """vocab_target takes greedy_ids (max, as argmax is 5x slower over bf16 rows on a CPU): same ids, ties too."""
+    """vocab_target takes greedy_ids (NumPy's argmax or torch's max, eagle/decoding/verify.py): same ids, ties too."""
     logits = (torch.randn(64, 300, generator=torch.Generator().manual_seed(8)) * 2).round()  # many ties
     lm_head = torch.eye(300, dtype=torch.bfloat16)
     target = vocab_target(logits.bfloat16()[None], torch.ones(1, 64, dtype=torch.bool), lm_head, None, None)

@@ -8,7 +8,7 @@ from transformers import DynamicCache
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from eagle.decoding.tree import DEFAULT_CHOICES, build_tree, static_tree, tree_attention_mask
-from eagle.decoding.verify import SamplingParams, process_logits, sample, verify_greedy
+from eagle.decoding.verify import NUMPY_WIDENED_ROWS, SamplingParams, greedy_ids, process_logits, sample, verify_greedy
 from tests.tiny import tiny_llama
 
 
@@ -16,6 +16,22 @@ def random_tree(seed: int, n: int, vocab: int):
     g = torch.Generator().manual_seed(seed)
     parents = torch.tensor([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, n)])
     return build_tree(torch.randint(0, vocab, (n,), generator=g), parents)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("rows", [1, 4, NUMPY_WIDENED_ROWS + 1])
+def test_greedy_ids_are_torch_max_indices_ties_included(dtype, rows):
+    """greedy_ids (NumPy's argmax on a CPU) picks what torch's `max` picks: the first of equal logits, any shape."""
+    g = torch.Generator().manual_seed(rows)
+    logits = (torch.randn(2, rows, 500, generator=g) * 2).round().to(dtype)  # many ties
+    logits[0, 0, 3] = logits[0, 0, 9] = 50  # a tie at the top
+    got = greedy_ids(logits)
+    assert got.dtype == torch.long and torch.equal(got, logits.max(dim=-1).indices)
+    assert int(got[0, 0]) == 3
+    assert torch.equal(greedy_ids(logits[:, :, ::2]), logits[:, :, ::2].max(dim=-1).indices)  # strided rows
+    assert torch.equal(greedy_ids(logits[0, 0]), torch.tensor(3))  # one row [V] -> a 0-d index
+    with torch.inference_mode():
+        assert torch.equal(greedy_ids(logits.clone()), got)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -55,12 +55,13 @@ import weakref
 import torch
 import torch._dynamo
 from torch import nn
-from torch.profiler import record_function
 from transformers import StaticCache
 
 from eagle.common.forward_lock import eager_forward, one_forward
+from eagle.common.profiled import profiled
 from eagle.compiled.graph_cache import compiled_call, threads_match
 from eagle.compiled.grouped_attention import GROUPED, grouped_sdpa_applies, install_grouped_sdpa
+from eagle.decoding.eager_target import last_logits
 from eagle.decoding.kv_commit import move_rows
 from eagle.decoding.tree import Tree
 
@@ -155,7 +156,7 @@ class CompiledTarget:
                      past: int) -> object:
         """The tree's tokens [N] at positions [N] after `past` rows, compiled (the dynamic-rows graph);
         HF's output over max(N, 2) rows, with hidden states. cache: this runner."""
-        with record_function("eagle.verify.forward"):
+        with profiled("eagle.verify.forward"):
             return self.forward(tokens, positions, tree.ancestors, past, hidden=True)
 
     def keep_rows(self, cache: CompiledTarget, past: int, accepted: torch.Tensor) -> None:
@@ -179,11 +180,12 @@ class CompiledTarget:
         return self.forward(token, positions, torch.ones(1, 1, dtype=torch.bool), past, hidden=False).logits[0, -1]
 
     def _prompt(self, input_ids: torch.Tensor, room: int, hidden: bool):
-        """Eager forward of the prompt [1, S] into the bucket that holds it and `room` more rows; HF's output."""
+        """Eager forward of the prompt [1, S] into the bucket that holds it and `room` more rows; HF's output
+        (the last row's logits only: `last_logits`)."""
         self.cache = self._bucket(bucket(input_ids.shape[1] + room))
         self.cache.reset()
         return eager_forward(self.target, input_ids=input_ids, past_key_values=self.cache, use_cache=True,
-                             output_hidden_states=hidden)
+                             output_hidden_states=hidden, **last_logits(self.target))
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, past: int,
                 hidden: bool):

@@ -8,18 +8,34 @@ forward over a `DynamicCache` per generation, the tree as an attention mask (eag
   layers record a tree's rows until then (`prepare_cache`) and are trimmed back to their window.
 - **Plain decoding** runs HF's own one-token forwards: no mask, no position ids, and sliding-window
   layers keep their window as they go.
+- **Prompts** keep only their last row's logits (`last_logits`): the decoder reads no other, and the
+  lm_head over every row of a long prompt is a fifth of SmolLM2-135M's prefill work.
 """
 
 from __future__ import annotations
 
+import inspect
+from functools import cache
+
 import torch
 from torch import nn
-from torch.profiler import record_function
 from transformers import DynamicCache
 
 from eagle.common.forward_lock import eager_forward
+from eagle.common.profiled import profiled
 from eagle.decoding.kv_commit import commit_cache, prepare_cache
 from eagle.decoding.tree import Tree, sliding_tree_mask, tree_attention_mask
+
+
+def last_logits(target: nn.Module) -> dict:
+    """The forward's keyword that keeps only the last row's logits (`logits_to_keep=1`, transformers 5.x's
+    causal LMs), or none where the target's forward does not take it."""
+    return {"logits_to_keep": 1} if _takes_logits_to_keep(type(target)) else {}
+
+
+@cache
+def _takes_logits_to_keep(cls: type) -> bool:
+    return "logits_to_keep" in inspect.signature(cls.forward).parameters
 
 
 class EagerTarget:
@@ -33,7 +49,7 @@ class EagerTarget:
         cache = DynamicCache(config=self.target.config)
         prepare_cache(cache)  # sliding-window layers keep a tree's rows until commit
         out = eager_forward(self.target, input_ids=input_ids, past_key_values=cache, use_cache=True,
-                            output_hidden_states=True)
+                            output_hidden_states=True, **last_logits(self.target))
         commit_cache(cache, input_ids.shape[1], torch.zeros(0, dtype=torch.long))  # sliding layers: their window
         return out, cache
 
@@ -41,9 +57,9 @@ class EagerTarget:
                      past: int) -> object:
         """The tree's tokens [N] at positions [N] over the cache's `past` rows; appends N rows. HF output
         with hidden states."""
-        with record_function("eagle.verify.mask"):
+        with profiled("eagle.verify.mask"):
             mask = self.tree_masks(tree, cache, past, tokens.device)
-        with record_function("eagle.verify.forward"):
+        with profiled("eagle.verify.forward"):
             return eager_forward(self.target, input_ids=tokens[None], position_ids=positions[None],
                                  attention_mask=mask, past_key_values=cache, use_cache=True, output_hidden_states=True)
 
@@ -54,7 +70,8 @@ class EagerTarget:
     def plain_prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
         """Plain decoding's prompt [1, S]: its last logits [V] and a new cache."""
         cache = DynamicCache(config=self.target.config)
-        out = eager_forward(self.target, input_ids=input_ids, past_key_values=cache, use_cache=True)
+        out = eager_forward(self.target, input_ids=input_ids, past_key_values=cache, use_cache=True,
+                            **last_logits(self.target))
         return out.logits[0, -1], cache
 
     def plain_step(self, cache: DynamicCache, token: torch.Tensor, past: int) -> torch.Tensor:

@@ -5,7 +5,7 @@ and a compiled one at fixed shapes (eagle/compiled/target_graphs.py `CompiledTar
 eagle/compiled/head_graphs.py `CompiledHead`). The decoder picks one of each when it is built;
 after that no step asks which kind it holds.
 
-    out, cache = runner.prefill(input_ids, room)                     # the prompt [1, S], hidden states
+    out, cache = runner.prefill(input_ids, room)                     # the prompt [1, S]: hidden states, last logits
     out = runner.tree_forward(cache, tokens, positions, tree, past)   # a tree of N nodes
     runner.keep_rows(cache, past, path)                              # keep nodes `path` [n] (empty: none)
     logits, cache = runner.plain_prefill(input_ids)                  # plain decoding: logits [V]
@@ -38,7 +38,8 @@ class TargetRunner(Protocol):
     """The target's forwards for one generation at a time, over the cache its `prefill` returns."""
 
     def prefill(self, input_ids: torch.Tensor, room: int) -> tuple[Any, Any]:
-        """The prompt [1, S] with hidden states into a new cache with `room` more rows; (HF output, cache)."""
+        """The prompt [1, S] with hidden states into a new cache with `room` more rows; (HF output, cache). The
+        output holds the last row's logits only where the target takes `logits_to_keep` (eager_target.last_logits)."""
 
     def tree_forward(self, cache: Any, tokens: torch.Tensor, positions: torch.Tensor, tree: Tree,
                      past: int) -> Any:

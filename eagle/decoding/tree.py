@@ -64,34 +64,31 @@ def chain_choices(k: int) -> Choices:
 
 
 def build_tree(tokens: torch.Tensor, parents: torch.Tensor) -> Tree:
-    """Derive depths, ancestor mask and retrieve indices from tokens [N] and parents [N]."""
-    parents = parents.to(torch.long).cpu()
-    n = parents.numel()
-    if n == 0 or parents[0] != -1:
+    """Derive depths, ancestor mask and retrieve indices from tokens [N] and parents [N].
+
+    The walk runs over Python lists: a decode step builds a tree of a few to a few dozen nodes, where a
+    tensor op per node (~5-15 µs each on a CPU) cost more than the lists and four tensors made at the end."""
+    up = parents.to(torch.long).cpu().tolist()
+    n = len(up)
+    if n == 0 or up[0] != -1:
         raise ValueError("node 0 must be the root (parent -1)")
-    idx = torch.arange(n)
-    if n > 1 and not bool(((parents[1:] >= 0) & (parents[1:] < idx[1:])).all()):
+    if any(not 0 <= up[i] < i for i in range(1, n)):
         raise ValueError("every non-root node needs a parent that comes before it")
-    depths = torch.zeros(n, dtype=torch.long)
-    ancestors = torch.eye(n, dtype=torch.bool)
-    for i in range(1, n):  # parents first, so one pass suffices
-        p = int(parents[i])
-        depths[i] = depths[p] + 1
-        ancestors[i] |= ancestors[p]
-    return Tree(tokens.to(torch.long), parents, depths, ancestors, retrieve_indices(parents, depths, ancestors))
+    paths = [[0]]  # root-to-node node indices of each node, ascending (parents come first)
+    for i in range(1, n):
+        paths.append(paths[up[i]] + [i])
+    ancestors = torch.zeros(n, n, dtype=torch.bool)
+    ancestors[[i for i, path in enumerate(paths) for _ in path], [j for path in paths for j in path]] = True
+    depths = torch.tensor([len(path) - 1 for path in paths])
+    return Tree(tokens.to(torch.long), parents.to(torch.long).cpu(), depths, ancestors, retrieve_indices(paths, set(up)))
 
 
-def retrieve_indices(parents: torch.Tensor, depths: torch.Tensor, ancestors: torch.Tensor) -> torch.Tensor:
-    """One row per leaf: the node indices of its root-to-leaf path, padded with -1. [L, D+1]"""
-    n = parents.numel()
-    is_parent = torch.zeros(n, dtype=torch.bool)
-    is_parent[parents[parents >= 0]] = True
-    leaves = (~is_parent).nonzero().flatten()
-    out = torch.full((leaves.numel(), int(depths.max()) + 1), -1, dtype=torch.long)
-    for row, leaf in enumerate(leaves.tolist()):
-        path = ancestors[leaf].nonzero().flatten()  # ascending = root first, parents first
-        out[row, : path.numel()] = path
-    return out
+def retrieve_indices(paths: list[list[int]], inner: set[int]) -> torch.Tensor:
+    """One row per leaf (a node not in `inner`, the parents), in node order: the node indices of its
+    root-to-leaf path `paths[leaf]`, padded with -1. [L, D+1]"""
+    leaves = [path for i, path in enumerate(paths) if i not in inner]
+    width = max(len(path) for path in leaves)
+    return torch.tensor([path + [-1] * (width - len(path)) for path in leaves], dtype=torch.long)
 
 
 def tree_attention_mask(ancestors: torch.Tensor, past_len: int, dtype: torch.dtype) -> torch.Tensor:

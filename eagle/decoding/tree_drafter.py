@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.profiler import record_function
 
+from eagle.common.profiled import profiled
 from eagle.compiled.head_graphs import CompiledHead
 from eagle.decoding.eager_head import EagerHead
 from eagle.decoding.runners import HeadRunner
@@ -67,7 +67,7 @@ class Drafter:
 
     def logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft log-probs [m, Vd] (fp32, CPU) of head outputs [m, H]."""
-        with record_function("eagle.draft.lm_head"):
+        with profiled("eagle.draft.lm_head"):
             return self.runner.logp(hidden)
 
     # ---- EAGLE-2 ---------------------------------------------------------------------------
@@ -79,7 +79,7 @@ class Drafter:
         if total_token == 1:
             return state.root.reshape(1), torch.tensor([-1])
         tokens, scores, parents = self.candidates(state, depth, draft_width(total_token, top_k))
-        with record_function("eagle.draft.tree"):
+        with profiled("eagle.draft.tree"):
             kept = select_nodes(scores, parents, total_token - 1)
             return torch.cat([state.root, tokens[kept]]), reindex_parents(kept, parents)
 
@@ -169,7 +169,7 @@ class DraftCache:
         allowed = torch.cat([torch.ones(m, self.committed, dtype=torch.bool), new_rows], dim=1)
         device = drafter.device
         positions = torch.full((m,), self.committed - 1 + depth, device=device)
-        with record_function("eagle.draft.head"):
+        with profiled("eagle.draft.head"):
             hidden, self.past = drafter.encode(features, tokens.to(device), positions, allowed, self.past)
         return hidden, torch.arange(f, f + m)
 
