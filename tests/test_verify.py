@@ -18,7 +18,7 @@ def random_tree(seed: int, n: int, vocab: int):
     return build_tree(torch.randint(0, vocab, (n,), generator=g), parents)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("rows", [1, 4, NUMPY_WIDENED_ROWS + 1])
 def test_greedy_ids_are_torch_max_indices_ties_included(dtype, rows):
     """greedy_ids (NumPy's argmax on a CPU) picks what torch's `max` picks: the first of equal logits, any shape."""

@@ -69,10 +69,12 @@ def target_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
     """argmax over the last dimension (the first of ties) [...] long. On a CPU through NumPy's argmax: torch
     2.13's CPU `max`/`argmax` over a row is a scalar loop on one thread ([1, 49152] fp32: 0.15-0.22 ms against
-    NumPy's 0.01; [4, 49152], a 4-node verify: 0.38 against 0.03). bf16 rows are widened to fp32 first (exact),
-    which pays up to NUMPY_WIDENED_ROWS rows; more keep torch's `max` (argmax over bf16 is slower still)."""
+    NumPy's 0.01; [4, 49152], a 4-node verify: 0.38 against 0.03). bf16/fp16 rows are widened to fp32 first
+    (exact), which pays up to NUMPY_WIDENED_ROWS rows; more, and other dtypes, keep torch's `max` (argmax over bf16
+    is slower still)."""
     rows = logits.numel() // max(1, logits.shape[-1])
-    if logits.device.type != "cpu" or (logits.dtype != torch.float32 and rows > NUMPY_WIDENED_ROWS):
+    widened = logits.dtype in (torch.bfloat16, torch.float16) and rows <= NUMPY_WIDENED_ROWS
+    if logits.device.type != "cpu" or not (logits.dtype == torch.float32 or widened):
         return logits.max(dim=-1).indices
     return torch.from_numpy(np.asarray(logits.detach().float().numpy().argmax(axis=-1)))  # a 0-d array for a row
 
