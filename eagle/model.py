@@ -335,7 +335,7 @@ class EaModel(nn.Module):
     def prefill(self, input_ids: torch.Tensor, params: SamplingParams = GREEDY) -> tuple[DecodeState, torch.Tensor]:
         """Target and head over the prompt [1, S]; returns the state and the first new token [1]."""
         out, cache = self.runner.prefill(input_ids, self.verify_rows)  # compiled: a bucket with room for a tree
-        logits, features = self._outputs(out, input_ids.shape[1])  # [1, V] (the last row's: eager_target.last_logits), [S, F]
+        logits, features = self._outputs(out, input_ids.shape[1])  # [1, V] (prompt_forward: the last row's), [S, F]
         root = sample(logits[-1], params).reshape(1)  # [1]
         ids = torch.cat([input_ids, root[None]], dim=1)  # [1, S+1]
         hidden, head_past = self.drafter.prefill(features, ids[0, 1:])

@@ -61,7 +61,7 @@ from eagle.common.forward_lock import eager_forward, one_forward
 from eagle.common.profiled import profiled
 from eagle.compiled.graph_cache import compiled_call, threads_match
 from eagle.compiled.grouped_attention import GROUPED, grouped_sdpa_applies, install_grouped_sdpa
-from eagle.decoding.eager_target import last_logits
+from eagle.decoding.eager_target import prompt_forward
 from eagle.decoding.kv_commit import move_rows
 from eagle.decoding.tree import Tree
 
@@ -181,11 +181,10 @@ class CompiledTarget:
 
     def _prompt(self, input_ids: torch.Tensor, room: int, hidden: bool):
         """Eager forward of the prompt [1, S] into the bucket that holds it and `room` more rows; HF's output
-        (the last row's logits only: `last_logits`)."""
+        (the last row's logits only: `prompt_forward`)."""
         self.cache = self._bucket(bucket(input_ids.shape[1] + room))
         self.cache.reset()
-        return eager_forward(self.target, input_ids=input_ids, past_key_values=self.cache, use_cache=True,
-                             output_hidden_states=hidden, **last_logits(self.target))
+        return prompt_forward(self.target, input_ids, self.cache, hidden)
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, past: int,
                 hidden: bool):

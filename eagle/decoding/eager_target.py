@@ -8,7 +8,7 @@ forward over a `DynamicCache` per generation, the tree as an attention mask (eag
   layers record a tree's rows until then (`prepare_cache`) and are trimmed back to their window.
 - **Plain decoding** runs HF's own one-token forwards: no mask, no position ids, and sliding-window
   layers keep their window as they go.
-- **Prompts** keep only their last row's logits (`last_logits`): the decoder reads no other, and the
+- **Prompts** keep only their last row's logits (`prompt_forward`): the decoder reads no other, and the
   lm_head is a fifth of SmolLM2-135M's weights (its prefill 0.81-0.91x as long, docs/speed.md).
 """
 
@@ -27,10 +27,12 @@ from eagle.decoding.kv_commit import commit_cache, prepare_cache
 from eagle.decoding.tree import Tree, sliding_tree_mask, tree_attention_mask
 
 
-def last_logits(target: nn.Module) -> dict:
-    """The forward's keyword that keeps only the last row's logits (`logits_to_keep=1`, transformers 5.x's
-    causal LMs), or none where the target's forward does not take it."""
-    return {"logits_to_keep": 1} if _takes_logits_to_keep(type(target)) else {}
+def prompt_forward(target: nn.Module, input_ids: torch.Tensor, cache, hidden: bool):
+    """HF's eager forward of a prompt [1, S] into `cache`, with hidden states or not, keeping only the last row's
+    logits (`logits_to_keep=1`, transformers 5.x's causal LMs) where the target's forward takes it."""
+    keep = {"logits_to_keep": 1} if _takes_logits_to_keep(type(target)) else {}
+    return eager_forward(target, input_ids=input_ids, past_key_values=cache, use_cache=True,
+                         output_hidden_states=hidden, **keep)
 
 
 @cache
@@ -48,8 +50,7 @@ class EagerTarget:
         """The prompt [1, S] with hidden states into a new cache (`room` is a compiled runner's concern)."""
         cache = DynamicCache(config=self.target.config)
         prepare_cache(cache)  # sliding-window layers keep a tree's rows until commit
-        out = eager_forward(self.target, input_ids=input_ids, past_key_values=cache, use_cache=True,
-                            output_hidden_states=True, **last_logits(self.target))
+        out = prompt_forward(self.target, input_ids, cache, hidden=True)
         commit_cache(cache, input_ids.shape[1], torch.zeros(0, dtype=torch.long))  # sliding layers: their window
         return out, cache
 
@@ -70,8 +71,7 @@ class EagerTarget:
     def plain_prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
         """Plain decoding's prompt [1, S]: its last logits [V] and a new cache."""
         cache = DynamicCache(config=self.target.config)
-        out = eager_forward(self.target, input_ids=input_ids, past_key_values=cache, use_cache=True,
-                            **last_logits(self.target))
+        out = prompt_forward(self.target, input_ids, cache, hidden=False)
         return out.logits[0, -1], cache
 
     def plain_step(self, cache: DynamicCache, token: torch.Tensor, past: int) -> torch.Tensor:

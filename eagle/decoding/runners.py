@@ -39,7 +39,7 @@ class TargetRunner(Protocol):
 
     def prefill(self, input_ids: torch.Tensor, room: int) -> tuple[Any, Any]:
         """The prompt [1, S] with hidden states into a new cache with `room` more rows; (HF output, cache). The
-        output holds the last row's logits only where the target takes `logits_to_keep` (eager_target.last_logits)."""
+        output holds the last row's logits only where the target takes `logits_to_keep` (eager_target.prompt_forward)."""
 
     def tree_forward(self, cache: Any, tokens: torch.Tensor, positions: torch.Tensor, tree: Tree,
                      past: int) -> Any:

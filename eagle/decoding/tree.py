@@ -68,7 +68,8 @@ def build_tree(tokens: torch.Tensor, parents: torch.Tensor) -> Tree:
 
     The walk runs over Python lists: a decode step builds a tree of a few to a few dozen nodes, where a
     tensor op per node (~5-15 µs each on a CPU) cost more than the lists and four tensors made at the end."""
-    up = parents.to(torch.long).cpu().tolist()
+    parents = parents.to(torch.long).cpu()
+    up = parents.tolist()
     n = len(up)
     if n == 0 or up[0] != -1:
         raise ValueError("node 0 must be the root (parent -1)")
@@ -80,7 +81,7 @@ def build_tree(tokens: torch.Tensor, parents: torch.Tensor) -> Tree:
     ancestors = torch.zeros(n, n, dtype=torch.bool)
     ancestors[[i for i, path in enumerate(paths) for _ in path], [j for path in paths for j in path]] = True
     depths = torch.tensor([len(path) - 1 for path in paths])
-    return Tree(tokens.to(torch.long), parents.to(torch.long).cpu(), depths, ancestors, retrieve_indices(paths, set(up)))
+    return Tree(tokens.to(torch.long), parents, depths, ancestors, retrieve_indices(paths, set(up)))
 
 
 def retrieve_indices(paths: list[list[int]], inner: set[int]) -> torch.Tensor:
