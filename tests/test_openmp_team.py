@@ -38,17 +38,19 @@ seen["main team"] = tasks()
 
 class Work(BackgroundWork):
     def _work(self):
+        counted.wait()  # the main thread counts its threads before this one starts a team
         torch.set_num_threads(2)
         x.add(1)
         seen["work's team"] = tasks()
         parking.set()
         self.pause()
 
-parking = threading.Event()
+parking, counted = threading.Event(), threading.Event()
 work = Work()
 work.idle.clear()  # the model generates: the work parks at its pause
 work.start()
 seen["work started"] = tasks()
+counted.set()
 parking.wait()
 time.sleep(0.5)
 seen["work parked"] = tasks()
