@@ -338,8 +338,8 @@ class EaModel(nn.Module):
         logits, features = self._outputs(out, input_ids.shape[1])  # [1, V] (prompt_forward: the last row's), [S, F]
         root = sample(logits[-1], params).reshape(1)  # [1]
         ids = torch.cat([input_ids, root[None]], dim=1)  # [1, S+1]
-        hidden, head_past = self.drafter.prefill(features, ids[0, 1:])
-        return DecodeState(ids, cache, head_past, hidden[-1:]), root
+        hidden, logp, head_past = self.drafter.prefill(features, ids[0, 1:])
+        return DecodeState(ids, cache, head_past, hidden[-1:], logp), root
 
     def draft(self, state: DecodeState) -> Tree:
         """1. The head's tree (dynamic or static, per `settings`), plus the prompt-lookup chain when one is found."""
@@ -391,11 +391,11 @@ class EaModel(nn.Module):
         new = torch.cat([tree.tokens.to(device)[path[1:].to(device)], torch.tensor([bonus], device=device)])  # [n]
         n = new.numel()
         with profiled("eagle.head.update"):  # head rows past .. past+n-1: (f of each accepted node, next token)
-            positions = torch.arange(past, past + n, device=device)
-            hidden, head_past = self.drafter.encode(verified.features[path.to(device)], new, positions, None,
-                                                    state.head_past)
+            positions = torch.arange(past, past + n, device=device)  # and the next draft's log-probs, in one call
+            hidden, logp, head_past = self.drafter.encode(verified.features[path.to(device)], new, positions, None,
+                                                          state.head_past, scored=1)
         ids = torch.cat([state.ids, new[None]], dim=1)
-        return DecodeState(ids, state.target_cache, head_past, hidden[-1:]), new
+        return DecodeState(ids, state.target_cache, head_past, hidden[-1:], logp), new
 
     def discard(self, state: DecodeState) -> None:
         """Drop the rows a `verify` appended to the target cache, as if it had not run."""

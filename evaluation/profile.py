@@ -7,14 +7,13 @@
 
     eagle.step            one decode step
       eagle.draft         growing the draft tree
-        eagle.draft.head      head forwards (one per depth)
-        eagle.draft.lm_head   draft logits + log-softmax over the draft vocabulary
+        eagle.draft.head      head forwards with their draft log-probs (one per depth)
         eagle.draft.tree      node selection and tree buffers
       eagle.verify.mask   the tree attention mask
       eagle.verify.forward    the target forward over the tree
       eagle.verify.accept     greedy / rejection-sampling acceptance
       eagle.cache.commit      gathering the accepted rows of the target KV cache
-      eagle.head.update       re-encoding the accepted tokens into the head's cache
+      eagle.head.update       re-encoding the accepted tokens into the head's cache, the next draft's log-probs
       eagle.plain.forward     a plain step's target forward (a budget of one node: nothing drafted)
 
 "other" rows are a parent's time not covered by its children (top-k, small tensor work,
@@ -39,7 +38,7 @@ from eagle.targets.tokenizer import chat_prompt
 SECTIONS = {  # name -> children
     "eagle.step": ["eagle.draft", "eagle.verify.mask", "eagle.verify.forward", "eagle.verify.accept",
                    "eagle.cache.commit", "eagle.head.update", "eagle.plain.forward"],
-    "eagle.draft": ["eagle.draft.head", "eagle.draft.lm_head", "eagle.draft.tree"],
+    "eagle.draft": ["eagle.draft.head", "eagle.draft.tree"],
 }
 
 

@@ -40,18 +40,21 @@ def test_compiled_head_encodes_and_drafts_what_the_eager_head_does(kind):
                 features = torch.randn(n, width, generator=torch.Generator().manual_seed(step))
                 tokens = torch.arange(step, step + n)
                 positions = torch.arange(state.committed, state.committed + n)
-                hidden, past = model.drafter.encode(features, tokens, positions, None, state.head_past)
-                state = type(state)(torch.cat([state.ids, tokens[None]], 1), state.target_cache, past, hidden[-1:])
+                hidden, logp, past = model.drafter.encode(features, tokens, positions, None, state.head_past, 1)
+                state = type(state)(torch.cat([state.ids, tokens[None]], 1), state.target_cache, past, hidden[-1:],
+                                    logp)
                 outs.append((hidden, model.draft_candidates(state, 3), state))
             (h0, c0, s0), (h1, c1, s1) = outs
             torch.testing.assert_close(h1, h0, rtol=1e-4, atol=1e-4)
+            torch.testing.assert_close(s1.draft_logp, s0.draft_logp, rtol=1e-4, atol=1e-4)  # last row, padded or not
             assert torch.equal(c1[0], c0[0]) and torch.equal(c1[2], c0[2]), step  # tokens and parents
             torch.testing.assert_close(c1[1], c0[1], rtol=1e-4, atol=1e-4)
             states = [s0, s1]
     runner = models[1].drafter.compiled
     assert runner.size == 512 and states[1].head_past == HeadRows(180 + sum(commits))
-    heads = [shape[1:] for shape in runner.shapes if shape[0] == "head"]  # (L, rows, feature width)
-    assert {rows for _, rows, _ in heads} == {1, 4, 8} and {size for size, _, _ in heads} == {256, 512}
+    heads = [shape[1:] for shape in runner.shapes]  # (L, rows, feature width, scored rows)
+    assert {rows for _, rows, _, _ in heads} == {1, 4, 8} and {size for size, _, _, _ in heads} == {256, 512}
+    assert {scored for _, rows, _, scored in heads} == {1, 4}  # commits score their last row, drafts every row
 
 
 def test_a_state_keeps_its_head_rows_while_drafts_are_written_after_them():
@@ -68,16 +71,25 @@ def test_a_state_keeps_its_head_rows_while_drafts_are_written_after_them():
 
 
 def test_padded_rows_see_only_themselves():
-    """A row's output does not depend on the padding: 3 rows padded to 4 give 3 rows of a 3-row eager call."""
+    """A row's output does not depend on the padding: 3 rows padded to 4 give 3 rows of a 3-row eager call,
+    and the scorer in the same graph gives those rows' draft log-probs (all of them, or the last)."""
     target = tiny_llama(seed=5)
     head = random_head(target, seed=6)
-    runner = CompiledHead(head, torch.nn.Linear(64, 10))
+    scorer = torch.nn.Linear(64, 10)
+    runner = CompiledHead(head, scorer)
     torch.manual_seed(0)
     past = (torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16))
     embeds, features = torch.randn(3, 64), torch.randn(3, 64)
     with torch.inference_mode():
         mask = torch.cat([torch.zeros(3, 9), torch.full((3, 3), float("-inf")).triu(1)], 1)[None, None]
         eager, _ = head(features[None], embeds[None], torch.arange(9, 12)[None], mask, past)
-        compiled, rows = runner.encode(embeds, features, torch.arange(9, 12), None, runner.start(past))
+        expected = scorer(eager[0]).log_softmax(dim=-1)  # [3, 10]
+        start = runner.start(past)
+        compiled, logp, rows = runner.encode(embeds, features, torch.arange(9, 12), None, start)
+        _, every, _ = runner.encode(embeds, features, torch.arange(9, 12), None, start, scored=3)
+        _, last, _ = runner.encode(embeds, features, torch.arange(9, 12), None, start, scored=1)
     torch.testing.assert_close(compiled, eager[0], rtol=1e-5, atol=1e-5)
-    assert rows == HeadRows(12) and runner.shapes == {("head", 256, 4, 64)}
+    assert logp is None and rows == HeadRows(12)
+    torch.testing.assert_close(every, expected, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(last, expected[2:], rtol=1e-5, atol=1e-5)
+    assert runner.shapes == {("head", 256, 4, 64, 0), ("head", 256, 4, 64, 4), ("head", 256, 4, 64, 1)}

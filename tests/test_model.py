@@ -82,8 +82,7 @@ def causal_draft_outputs(model: EaModel, state, tree) -> dict[int, torch.Tensor]
             past, feature = state.head_past, state.draft_hidden
             for n in path[1:]:
                 position = torch.tensor([past[0].shape[2]])  # the next row of a causal sequence
-                hidden, past = model.drafter.encode(feature, tree.tokens[n : n + 1], position, None, past)
-                feature = hidden
+                feature, _, past = model.drafter.encode(feature, tree.tokens[n : n + 1], position, None, past)
             outputs[node] = feature[0]
     return outputs
 
@@ -100,7 +99,7 @@ def test_drafted_nodes_follow_causal_head_passes(seed):
         outputs = causal_draft_outputs(model, state, tree)
         for node in range(1, tree.size):
             parent = int(tree.parents[node])
-            logp = model.drafter.logp(outputs[parent][None])[0]
+            logp = model.drafter.vocab.logp(outputs[parent][None])[0]
             if shape is None:  # dynamic: a top-k child of its parent
                 assert int(tree.tokens[node]) in logp.topk(4).indices.tolist()
             else:  # static: exactly the rank its path names
@@ -121,16 +120,19 @@ def test_draft_cache_feed_equals_causal_head_passes(layers):
     state, _ = model.prefill(prompt(1, 6), SamplingParams())
     drafts = DraftCache(state)
     with torch.no_grad():
-        out1, rows1 = drafts.feed(model.drafter, torch.tensor([10, 11]), state.draft_hidden.expand(2, -1),
-                                  torch.tensor([-1, -1]), depth=1)
-        out2, rows2 = drafts.feed(model.drafter, torch.tensor([12, 13, 14]), out1[[0, 1, 0]], rows1[[0, 1, 0]], depth=2)
-        out3, _ = drafts.feed(model.drafter, torch.tensor([15]), out2[[2]], rows2[[2]], depth=3)
+        out1, logp1, rows1 = drafts.feed(model.drafter, torch.tensor([10, 11]), state.draft_hidden.expand(2, -1),
+                                         torch.tensor([-1, -1]), depth=1)
+        out2, logp2, rows2 = drafts.feed(model.drafter, torch.tensor([12, 13, 14]), out1[[0, 1, 0]], rows1[[0, 1, 0]],
+                                         depth=2)
+        out3, logp3, _ = drafts.feed(model.drafter, torch.tensor([15]), out2[[2]], rows2[[2]], depth=3)
+        for out, logp in [(out1, logp1), (out2, logp2), (out3, logp3)]:  # every fed row's draft log-probs
+            torch.testing.assert_close(logp, model.drafter.vocab.logp(out))
         for path, got in [([10], out1[0]), ([11], out1[1]), ([10, 12], out2[0]), ([11, 13], out2[1]),
                           ([10, 14], out2[2]), ([10, 14, 15], out3[0])]:
             past, feature = state.head_past, state.draft_hidden
             for token in path:
                 position = torch.tensor([past[0].shape[2]])  # the next row of a causal sequence
-                feature, past = model.drafter.encode(feature, torch.tensor([token]), position, None, past)
+                feature, _, past = model.drafter.encode(feature, torch.tensor([token]), position, None, past)
             assert torch.allclose(got, feature[0], atol=1e-5), path
 
 
@@ -155,11 +157,12 @@ def test_head_cache_holds_target_features_of_committed_tokens(tree, temperature)
         committed = state.committed
         assert state.target_cache.get_seq_length() == committed
         features = target(state.ids[:, :-1], output_hidden_states=True).hidden_states[-1][0]  # [L-1, H]
-        hidden, past = model.drafter.encode(features, state.ids[0, 1:], torch.arange(committed), None, None)
+        hidden, logp, past = model.drafter.encode(features, state.ids[0, 1:], torch.arange(committed), None, None, 1)
     assert max(lengths) > (2 if temperature == 0 else 1)  # multi-row re-encodes happened
     assert torch.allclose(past[0], state.head_past[0], atol=1e-5)
     assert torch.allclose(past[1], state.head_past[1], atol=1e-5)
     assert torch.allclose(hidden[-1:], state.draft_hidden, atol=1e-5)
+    assert torch.allclose(logp, state.draft_logp, atol=1e-5)  # the next draft's log-probs, from the commit's call
 
 
 def test_greedy_equals_naivegenerate_and_log_semantics():
@@ -189,7 +192,8 @@ def test_a_prompt_forward_computes_only_its_last_rows_logits():
         model.prefill(ids)
         model.plain.prefill(ids)
     hook.remove()
-    assert rows == [1, 1]
+    assert rows == [1, 1, 1]  # the speculative prefill, its head's draft of the next token (this head scores
+    # with the target's lm_head) and the plain prefill: one row each
     assert torch.equal(model.eagenerate(ids, max_new_tokens=12), hf_greedy(target, ids, 12))
 
 

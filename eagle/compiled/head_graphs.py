@@ -1,10 +1,9 @@
 """The draft head at fixed shapes (`EaModel(compile=True)`): a preallocated head KV cache and
-compiled forwards of the head and of the draft vocabulary's scorer.
+compiled forwards of the head with the draft vocabulary's scorer over its outputs.
 
     runner = CompiledHead(head, scorer)
     past = runner.start(kv)                                   # a prompt's head cache (eager prefill), copied in
-    hidden, past = runner.encode(embeds, features, positions, allowed, past)   # compiled, rows padded
-    logp = runner.logp(hidden)                                # compiled, one graph per row count
+    hidden, logp, past = runner.encode(embeds, features, positions, allowed, past, scored)   # one compiled call
 
 These are the `HeadRunner` methods (eagle/decoding/runners.py) the eager head has too
 (eagle/decoding/eager_head.py); a state's `head_past` is then `HeadRows`, not the head's tensors.
@@ -13,18 +12,22 @@ Why (docs/speed.md): eager, the head's forward is ~40 small ops and the scorer t
 decode step (SmolLM2-135M, bf16, 2 threads) the head's update took 2.07 ms and the scorer 1.14;
 compiled with the target's settings (freezing; GEMM templates) 0.97 + ~0.3 of
 padding and mask, and ~0.9-1.1. Both are bound by reading their weights (8.4 and 14 MB), which the
-target's forward has just pushed out of the caches: warm, the same calls take 0.6 and 0.2 ms.
+target's forward has just pushed out of the caches: warm, the same calls take 0.6 and 0.2 ms. Each
+compiled call also costs a fixed ~0.3-0.8 ms beyond its weights (the frame, the C++ wrapper, its
+parallel regions), so the scorer runs inside the head's graph: a head call returns the draft log-probs
+its caller needs next (all rows while drafting, the last row at a commit), and a step makes two
+calls of the head instead of four.
 
 - **Buffer.** keys and values [1, layers*kvH, L, D], L = 256 · 2^i (eagle.compiled.target_graphs.bucket),
   one per prompt. A decode state holds `HeadRows(length)`: the buffer's first `length` rows. Drafted
   nodes are written after them and overwritten by the next commit, so a state's rows never change.
 - **Fixed widths.** A call of m rows is padded to the next power of two; padded rows attend to
   themselves only and land past the real ones, where no later mask looks.
-- **Graphs:** one per (L, rows, feature width) for the head (an EAGLE-3 head reads 3H-wide target
-  features at the root, its own H-wide states deeper) and one per row count for the scorer, compiled at the
-  first call (a few seconds each, inductor's cache in a second process); `compile_seconds` sums those first calls.
-  Under `defer` a head shape without a graph runs eagerly and compiles between generations (`pending`,
-  `prepare`: eagle/tuning/compile_ahead.py).
+- **Graphs:** one per (L, rows, feature width, scored rows) (an EAGLE-3 head reads 3H-wide target
+  features at the root, its own H-wide states deeper; the scorer reads all `rows`, the last row, or
+  none), compiled at the first call (a few seconds each, inductor's cache in a second process);
+  `compile_seconds` sums those first calls. Under `defer` a shape without a graph runs eagerly and
+  compiles between generations (`pending`, `prepare`: eagle/tuning/compile_ahead.py).
 """
 
 from __future__ import annotations
@@ -58,10 +61,10 @@ class CompiledHead:
     def __init__(self, head: nn.Module, scorer: nn.Module):
         self.head, self.scorer = head, scorer
         self._forward = torch.compile(self._head_rows, fullgraph=True, dynamic=False)
-        self._logp = torch.compile(self._log_probs, fullgraph=True, dynamic=False)
-        self._eager = {self._forward: self._head_rows, self._logp: self._log_probs}  # each graph's eager code
+        self._scored = torch.compile(self._scored_rows, fullgraph=True, dynamic=False)
+        self._eager = {self._forward: self._head_rows, self._scored: self._scored_rows}  # each graph's eager code
         self.compile_seconds = 0.0  # the first calls of each shape, summed
-        self.shapes: set[tuple] = set()  # ("head", L, rows, feature width) and ("scorer", rows) compiled so far
+        self.shapes: set[tuple] = set()  # ("head", L, rows, feature width, scored rows) compiled so far
         self.threads = torch.get_num_threads()  # the model's: its graphs compile and run at it (threads_match)
         self.defer = False  # True: a shape not compiled yet runs eagerly and waits in `missing` (see `prepare`)
         self.missing: set[tuple] = set()  # head shapes run eagerly, to compile between generations
@@ -82,10 +85,11 @@ class CompiledHead:
         return HeadRows(s)
 
     def encode(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-               allowed: torch.Tensor | None, past: HeadRows) -> tuple[torch.Tensor, HeadRows]:
+               allowed: torch.Tensor | None, past: HeadRows,
+               scored: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, HeadRows]:
         """Head rows (token embeddings [m, H], features [m, F]) at positions [m] after `past`'s rows;
-        allowed [m, P+m] bool: the rows each attends to (None: causal). Returns outputs [m, H] and
-        the rows with the m new ones."""
+        allowed [m, P+m] bool: the rows each attends to (None: causal). Returns outputs [m, H], the draft
+        log-probs [scored, Vd] (fp32, CPU) of the last `scored` rows (0: None) and the rows with the m new ones."""
         m, p = embeds.shape[0], past.length
         rows = _padded(m)
         if p + rows > self.size:
@@ -96,36 +100,38 @@ class CompiledHead:
         embeds, features = _pad_rows(embeds, rows), _pad_rows(features, rows)
         positions = torch.cat([positions, positions.new_full((rows - m,), p)])
         cache_rows = torch.arange(p, p + rows, device=device)
-        shape = ("head", self.size, rows, features.shape[1])
         self.reached, self.embed_width = p + rows, embeds.shape[1]
-        hidden = self._call(shape, self._forward, embeds, features, positions, mask, self.keys, self.values,
-                            cache_rows)
-        return hidden[:m], HeadRows(p + m)
+        args = (embeds, features, positions, mask, self.keys, self.values, cache_rows)
+        if not scored:
+            hidden = self._call(("head", self.size, rows, features.shape[1], 0), self._forward, *args)
+            return hidden[:m], None, HeadRows(p + m)
+        picked = torch.arange(rows) if scored == m else torch.arange(m - scored, m)  # all rows: padding's too
+        shape = ("head", self.size, rows, features.shape[1], picked.numel())
+        hidden, logp = self._call(shape, self._scored, *args, picked.to(device))
+        return hidden[:m], logp[:scored].cpu(), HeadRows(p + m)
 
     def pending(self) -> list[tuple]:
-        """Head shapes worth compiling before the next generation (`pending_shapes`; the scorer's shapes do
-        not depend on the buffer)."""
+        """Head shapes worth compiling before the next generation (`pending_shapes`)."""
         size = self.size if self.keys is not None else None
         return pending_shapes(self.missing, self.shapes, size, self.reached,
                               lambda s: ("head", 2 * size, *s[2:]) if s[:2] == ("head", size) else None)
 
     def prepare(self, shape: tuple) -> None:
-        """Compile one ("head", L, rows, feature width) shape by a call on zeros (its own buffers: the
-        decode state's rows stay as they are)."""
-        _, size, rows, width = shape
+        """Compile one ("head", L, rows, feature width, scored rows) shape by a call on zeros (its own
+        buffers: the decode state's rows stay as they are)."""
+        _, size, rows, width, scored = shape
         keys = self.keys.new_zeros(*self.keys.shape[:2], size, self.keys.shape[3])  # [1, C, L, D]
         embeds = keys.new_zeros(rows, self.embed_width)  # [rows, H]
         features = keys.new_zeros(rows, width)  # [rows, F]
         positions = torch.zeros(rows, dtype=torch.long, device=keys.device)  # [rows]
         mask = keys.new_zeros(1, 1, rows, size)  # [1, 1, rows, L]
         cache_rows = torch.arange(rows, device=keys.device)  # [rows]
-        self._call(shape, self._forward, embeds, features, positions, mask, keys, keys.clone(), cache_rows,
-                   compile_now=True)
+        args = (embeds, features, positions, mask, keys, keys.clone(), cache_rows)
+        if scored:
+            self._call(shape, self._scored, *args, torch.arange(scored, device=keys.device), compile_now=True)
+        else:
+            self._call(shape, self._forward, *args, compile_now=True)
         self.missing.discard(shape)
-
-    def logp(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft log-probs [m, Vd] (fp32, on the CPU) of head outputs [m, H]."""
-        return self._call(("scorer", hidden.shape[0]), self._logp, hidden).cpu()
 
     def _call(self, shape: tuple, fn, *args, compile_now: bool = False) -> torch.Tensor:
         """fn(*args) through its graph for `shape`, compiled with the target's settings (keyed by the head's
@@ -151,8 +157,10 @@ class CompiledHead:
         hidden, _ = self.head(features[None], embeds[None], positions[None], mask, (keys, values), cache_rows)
         return hidden[0]
 
-    def _log_probs(self, hidden: torch.Tensor) -> torch.Tensor:  # [m, H] -> [m, Vd] fp32
-        return self.scorer(hidden).float().log_softmax(dim=-1)
+    def _scored_rows(self, embeds, features, positions, mask, keys, values, cache_rows, picked):
+        """The head's rows [R, H] and the draft log-probs [r, Vd] (fp32) of its rows `picked` [r]."""
+        hidden = self._head_rows(embeds, features, positions, mask, keys, values, cache_rows)
+        return hidden, self.scorer(hidden.index_select(0, picked)).float().log_softmax(dim=-1)
 
     def _mask(self, allowed: torch.Tensor | None, p: int, m: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
         """[1, 1, rows, L] additive: `allowed` [m, p+m] (None: causal) over the first p+m rows (padded_mask)."""

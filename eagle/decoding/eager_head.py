@@ -23,9 +23,11 @@ class EagerHead:
         return past
 
     def encode(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-               allowed: torch.Tensor | None, past: KVCache | None) -> tuple[torch.Tensor, KVCache]:
+               allowed: torch.Tensor | None, past: KVCache | None,
+               scored: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, KVCache]:
         """Head rows (embeds [m, H], features [m, F]) at positions [m] over `past`'s P rows (None: none);
-        allowed [m, P+m] bool (CPU, None: causal). Outputs [m, H] and the cache with the m rows."""
+        allowed [m, P+m] bool (CPU, None: causal). Outputs [m, H], the draft log-probs [scored, Vd]
+        (fp32, CPU) of the last `scored` rows (0: None) and the cache with the m rows."""
         mask = None
         if past is not None or allowed is not None:
             mask = causal_mask(embeds.shape[0], past[0].shape[2], embeds.dtype) if allowed is None else \
@@ -33,9 +35,5 @@ class EagerHead:
             mask = mask.to(embeds.device)
         with one_forward():  # not beside another thread's compile (eagle/common/forward_lock.py)
             hidden, past = self.head(features[None], embeds[None], positions[None], mask, past)
-        return hidden[0], past
-
-    def logp(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft log-probs [m, Vd] (fp32, CPU) of head outputs [m, H]."""
-        with one_forward():
-            return self.vocab.logp(hidden)
+            logp = self.vocab.logp(hidden[0, hidden.shape[1] - scored:]) if scored else None
+        return hidden[0], logp, past

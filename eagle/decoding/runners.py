@@ -16,8 +16,8 @@ the runner itself (its bucketed static cache, one generation at a time). `out` i
 output; the compiled runner pads a one-node tree to 2 rows.
 
     past = head.start(kv)                                            # a prompt's head cache, eager
-    hidden, past = head.encode(embeds, features, positions, allowed, past)
-    logp = head.logp(hidden)                                         # draft log-probs [m, Vd], CPU
+    hidden, logp, past = head.encode(embeds, features, positions, allowed, past, scored)
+                                          # logp: draft log-probs [scored, Vd] of the last rows, CPU
 
 `past` is what `DecodeState.head_past` holds: eager, the head's (keys, values); compiled, `HeadRows`.
 
@@ -58,16 +58,15 @@ class TargetRunner(Protocol):
 
 @runtime_checkable
 class HeadRunner(Protocol):
-    """The draft head's forward and scorer over the head cache a decode state holds."""
+    """The draft head's forward, with its scorer, over the head cache a decode state holds."""
 
     def start(self, past: tuple[torch.Tensor, torch.Tensor]) -> Any:
         """A prompt's head cache ((keys, values) [1, C, S, D], from the eager prefill) as a state's `head_past`."""
 
     def encode(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
-               allowed: torch.Tensor | None, past: Any) -> tuple[torch.Tensor, Any]:
+               allowed: torch.Tensor | None, past: Any,
+               scored: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, Any]:
         """Head rows (token embeddings [m, H], features [m, F]) at positions [m] after `past`'s P rows;
-        allowed [m, P+m] bool (CPU, None: causal). Outputs [m, H] and the cache with the m rows
-        (the rows of `past` itself are not modified)."""
-
-    def logp(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft log-probs [m, Vd] (fp32, on the CPU) of head outputs [m, H]."""
+        allowed [m, P+m] bool (CPU, None: causal). Outputs [m, H], the draft log-probs [scored, Vd]
+        (fp32, CPU) of the last `scored` rows (0: None; the compiled runner scores in the head's graph)
+        and the cache with the m rows (the rows of `past` itself are not modified)."""

@@ -24,6 +24,7 @@ class DecodeState:
     target_cache: TargetCache  # L-1 rows, as the target runner's prefill made it (eagle/decoding/runners.py)
     head_past: HeadPast  # L-1 rows; row t encodes (f_t, x_{t+1})
     draft_hidden: torch.Tensor  # [1, H] head output of row L-2: f̂_{L-1}, drafts x_L
+    draft_logp: torch.Tensor  # [1, Vd] fp32, CPU: the draft's log-probs of x_L (the scorer over draft_hidden)
 
     @property
     def committed(self) -> int:

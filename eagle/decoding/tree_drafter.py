@@ -2,8 +2,9 @@
 
 Conventions. Head row t takes (f_t, embedding of x_{t+1}) and outputs f̂_{t+1} (EAGLE-3: an
 internal state a_{t+1}); the draft's log-probs come from the draft vocabulary's scorer over
-that output (eagle/heads/draft_vocab.py). The root of every tree is the last committed token; its head
-output is `DecodeState.draft_hidden`. Drafted nodes are fed to the head on top of the committed
+that output (eagle/heads/draft_vocab.py), in the same head call. The root of every tree is the
+last committed token; its head output and draft log-probs are `DecodeState.draft_hidden` and
+`draft_logp`. Drafted nodes are fed to the head on top of the committed
 head cache without changing it (`DraftCache`), so a tree costs one head forward per depth.
 
 Trees are returned as (tokens [N], parents [N]), root first, parents before children; the
@@ -49,26 +50,24 @@ class Drafter:
     def device(self) -> torch.device:
         return self.embed.weight.device
 
-    def prefill(self, features: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, HeadPast]:
+    def prefill(self, features: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, HeadPast]:
         """The head over a prompt's rows (features [S, F], next tokens [S]), causal, eager; returns
-        outputs [S, H] and the state's head cache (`runner.start`: compiled, copied into its buffer)."""
-        hidden, past = self.encode(features, tokens, torch.arange(tokens.numel(), device=tokens.device), None, None)
-        return hidden, self.runner.start(past)
+        outputs [S, H], the last row's draft log-probs [1, Vd] and the state's head cache (`runner.start`:
+        compiled, copied into its buffer)."""
+        positions = torch.arange(tokens.numel(), device=tokens.device)
+        hidden, logp, past = self.encode(features, tokens, positions, None, None, scored=1)
+        return hidden, logp, self.runner.start(past)
 
     def encode(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-               allowed: torch.Tensor | None, past: HeadPast | None) -> tuple[torch.Tensor, HeadPast]:
+               allowed: torch.Tensor | None, past: HeadPast | None,
+               scored: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, HeadPast]:
         """Head rows (features [q, F], next tokens [q]) at positions [q] over `past`'s P rows (None: a
         prompt, which runs eagerly); allowed [q, P+q] bool (CPU): the rows each new row attends to
-        (None: causal). Returns outputs [q, H] and the cache with the q rows (the rows of `past`
-        itself are not modified)."""
+        (None: causal). Returns outputs [q, H], the draft log-probs [scored, Vd] (fp32, CPU) of the last
+        `scored` rows (0: None) and the cache with the q rows (the rows of `past` itself are not modified)."""
         embeds = torch.nn.functional.embedding(tokens, self.embed.weight)  # the matrix row, as the trainer reads it
         runner = self.eager if past is None else self.runner
-        return runner.encode(embeds, features, positions, allowed, past)
-
-    def logp(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Draft log-probs [m, Vd] (fp32, CPU) of head outputs [m, H]."""
-        with profiled("eagle.draft.lm_head"):
-            return self.runner.logp(hidden)
+        return runner.encode(embeds, features, positions, allowed, past, scored)
 
     # ---- EAGLE-2 ---------------------------------------------------------------------------
 
@@ -91,8 +90,7 @@ class Drafter:
         """
         k = min(top_k, self.vocab.size)
         drafts = DraftCache(state)
-        logp = self.logp(state.draft_hidden)  # [1, Vd]
-        tokens, scores, _ = expand_topk(torch.zeros(1), logp, k)  # [k] depth-1 candidates
+        tokens, scores, _ = expand_topk(torch.zeros(1), state.draft_logp, k)  # [k] depth-1 candidates
         tokens = self.vocab.to_target(tokens)
         parents = torch.full((k,), -1, dtype=torch.long)
         frontier = torch.arange(k)  # candidate indices
@@ -101,8 +99,7 @@ class Drafter:
         all_tokens, all_scores, all_parents = [tokens], [scores], [parents]
         n = k
         for d in range(1, depth):
-            hidden, rows = drafts.feed(self, _cat(all_tokens)[frontier], features, frontier_rows, d)
-            logp = self.logp(hidden)  # [k, Vd]
+            hidden, logp, rows = drafts.feed(self, _cat(all_tokens)[frontier], features, frontier_rows, d)  # [k, Vd]
             new_tokens, new_scores, from_row = expand_topk(_cat(all_scores)[frontier], logp, k)  # [k*k]
             all_tokens.append(self.vocab.to_target(new_tokens))
             all_scores.append(new_scores)
@@ -120,6 +117,7 @@ class Drafter:
         tokens = torch.full((len(shape.paths),), -1, dtype=torch.long)
         tokens[0] = state.root[0]
         hidden_of = {0: state.draft_hidden[0]}  # node -> head output (predicts its children)
+        logp_of = {0: state.draft_logp[0]}  # node -> draft log-probs of its children
         row_of = {0: -1}  # node -> row in `drafts` (-1: the root, in the committed cache)
         drafts = DraftCache(state)
         for d in range(shape.depth):
@@ -128,10 +126,11 @@ class Drafter:
             if d > 0:  # feed the parents (depth d) to the head; the root's output is known
                 feats = torch.stack([hidden_of[int(shape.parents[p])] for p in parents])
                 rows_in = torch.tensor([row_of[int(shape.parents[p])] for p in parents])
-                hidden, rows = drafts.feed(self, tokens[parents], feats, rows_in, d)
+                hidden, logp, rows = drafts.feed(self, tokens[parents], feats, rows_in, d)
                 hidden_of.update({p: hidden[i] for i, p in enumerate(parents)})
+                logp_of.update({p: logp[i] for i, p in enumerate(parents)})
                 row_of.update({p: int(rows[i]) for i, p in enumerate(parents)})
-            logp = self.logp(torch.stack([hidden_of[p] for p in parents]))  # [m, Vd]
+            logp = torch.stack([logp_of[p] for p in parents])  # [m, Vd]
             kmax = min(int(shape.ranks[children].max()) + 1, logp.shape[-1])
             top = self.vocab.to_target(logp.topk(kmax, dim=-1).indices)  # [m, kmax]
             where = {p: i for i, p in enumerate(parents)}
@@ -154,11 +153,11 @@ class DraftCache:
         self.ancestors = torch.zeros(0, 0, dtype=torch.bool)  # [F, F]
 
     def feed(self, drafter: Drafter, tokens: torch.Tensor, features: torch.Tensor, parent_rows: torch.Tensor,
-             depth: int) -> tuple[torch.Tensor, torch.Tensor]:
+             depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Run nodes (tokens [m], parents' head outputs [m, H]) at tree depth `depth`.
 
         parent_rows [m]: each node's parent row among the fed nodes, -1 for the root.
-        Returns head outputs [m, H] and the rows the nodes now occupy [m].
+        Returns head outputs [m, H], their draft log-probs [m, Vd] and the rows the nodes now occupy [m].
         """
         m, f = tokens.numel(), self.ancestors.shape[0]
         inherited = torch.zeros(m, f, dtype=torch.bool)
@@ -170,8 +169,8 @@ class DraftCache:
         device = drafter.device
         positions = torch.full((m,), self.committed - 1 + depth, device=device)
         with profiled("eagle.draft.head"):
-            hidden, self.past = drafter.encode(features, tokens.to(device), positions, allowed, self.past)
-        return hidden, torch.arange(f, f + m)
+            hidden, logp, self.past = drafter.encode(features, tokens.to(device), positions, allowed, self.past, m)
+        return hidden, logp, torch.arange(f, f + m)
 
 
 def draft_width(total_token: int, top_k: int) -> int:

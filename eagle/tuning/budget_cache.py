@@ -28,7 +28,7 @@ from eagle.tuning.tuner import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget
 from eagle.targets.resolve import cache_dir
 
 # Bump when the tuner's measurement changes, so old picks are not reused.
-VERSION = 12  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;
+VERSION = 13  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;
 #            4: the head and its scorer compiled (draft and rest of a step cost less);
 #            5: the plain step timed in the verify widths' rounds (it was timed back to back, too fast);
 #            6: every compiled width autotuned to the C++ GEMM template (wide verifies cost less);
@@ -39,6 +39,7 @@ VERSION = 12  # 2: plain decoding is a candidate; 3: draft costs per pool width,
 #                the plain step costs no more than a 2-row verify (`forward_costs`);
 #            11: 48 calibration steps per prompt (16 saw too little of a reply to score the chain)
 #            12: calibration prompts that quote text (a function to fix, a message to rewrite)
+#            13: the scorer in the head's graph (the root's draft log-probs come with the commit)
 
 
 def tuned_sizes(model) -> tuple[int, ...]:
