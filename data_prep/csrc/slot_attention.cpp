@@ -13,8 +13,9 @@
 // heads, and its values once. fp32 arithmetic; q, k, v and the output fp32 or bf16, the caches in
 // their dtype or, under fp32 rows, in bf16 (half the bytes read; the rows' keys and values rounded
 // as they are written). Heads whose size is a multiple of 32 (up to 128), at most 8 query heads a
-// key/value head, take vector paths: with AVX512-BF16, bf16 caches take dot products in bf16 pairs;
-// with AVX512F, keys and values (bf16 widened) meet fp32 queries in 16-lane fp32 registers. Every
+// key/value head, take vector paths: with AVX512-BF16, bf16 rows over bf16 caches take dot products
+// in bf16 pairs; with AVX512F, keys and values (bf16 widened) meet fp32 queries (fp32 rows' own, never
+// rounded to bf16) in 16-lane fp32 registers. Every
 // other case runs portable loops, which the compiler vectorizes.
 
 #include <torch/extension.h>
@@ -155,7 +156,7 @@ void attend_f32(const Task& t, float* scores, float* out, float scale, float cap
 }
 
 #ifdef __AVX512BF16__
-// bf16 keys: their dot products with the queries (rounded to bf16) in bf16 pairs, 32 a register
+// bf16 keys: their dot products with bf16 queries (bf16 rows': exact in bf16) in bf16 pairs, 32 a register
 template <int G, int C>
 void scores_bf16(const Task& t, float* scores) {
   constexpr int P = C / 2;
@@ -188,7 +189,8 @@ void attend_bf16(const Task& t, float* scores, float* out, float scale, float ca
 }
 #endif
 
-// the vector path for caches of S, G heads of size D, or nullptr: D one of 32, 64, 96, 128 and G at most 8
+// the vector path for rows of T over caches of S, G heads of size D, or nullptr: D one of 32, 64, 96, 128
+// and G at most 8
 #define EAGLE_ROW(f, g) {&f<g, 2>, &f<g, 4>, &f<g, 6>, &f<g, 8>}
 #define EAGLE_TABLE(f) {EAGLE_ROW(f, 1), EAGLE_ROW(f, 2), EAGLE_ROW(f, 3), EAGLE_ROW(f, 4), \
                         EAGLE_ROW(f, 5), EAGLE_ROW(f, 6), EAGLE_ROW(f, 7), EAGLE_ROW(f, 8)}
@@ -199,18 +201,21 @@ template <int G, int C> void attend_f32_bf16(const Task& t, float* s, float* o, 
   attend_f32<at::BFloat16, G, C>(t, s, o, a, b);
 }
 const Attend kF32[8][4] = EAGLE_TABLE(attend_f32_f32);
+const Attend kF32OverBf16[8][4] = EAGLE_TABLE(attend_f32_bf16);  // fp32 rows: queries kept in fp32
 #ifdef __AVX512BF16__
-const Attend kBf16[8][4] = EAGLE_TABLE(attend_bf16);
+const Attend kBf16[8][4] = EAGLE_TABLE(attend_bf16);  // bf16 rows: queries that bf16 holds exactly
 #else
 const Attend kBf16[8][4] = EAGLE_TABLE(attend_f32_bf16);
 #endif
 #undef EAGLE_TABLE
 #undef EAGLE_ROW
 
-template <typename S>
+template <typename T, typename S>
 Attend fast_path(int64_t G, int64_t D) {
   if (!(D % 32 == 0 && D <= 128 && G >= 1 && G <= 8)) return nullptr;
-  return std::is_same_v<S, float> ? kF32[G - 1][D / 32 - 1] : kBf16[G - 1][D / 32 - 1];
+  if constexpr (std::is_same_v<S, float>) return kF32[G - 1][D / 32 - 1];
+  else if constexpr (std::is_same_v<T, float>) return kF32OverBf16[G - 1][D / 32 - 1];
+  else return kBf16[G - 1][D / 32 - 1];
 }
 #endif
 
@@ -249,7 +254,7 @@ torch::Tensor decode(const torch::Tensor& q, const torch::Tensor& k, const torch
   const int64_t* lp = lengths.data_ptr<int64_t>();
   const int64_t cs0 = k_cache.stride(0), cs1 = k_cache.stride(1), cs2 = k_cache.stride(2);
 #ifdef __AVX512F__
-  const Attend fast = fast_path<S>(G, D);
+  const Attend fast = fast_path<T, S>(G, D);
 #endif
   for (int64_t b = 0; b < B; ++b)
     TORCH_CHECK(sp[b] >= 0 && sp[b] < k_cache.size(0) && lp[b] >= 1 && lp[b] <= T_, "slot_decode: row ", b,
