@@ -4,7 +4,9 @@
 runs; a second job on the same folder stops at once with one line naming the holder's pid.
 The operating system drops the lock when its process dies, even by SIGKILL, so there are no
 stale locks to clean up. Only rank 0 of a multi-process job takes it; the other ranks follow
-rank 0 (eagle/common/distributed.py).
+rank 0 (eagle/common/distributed.py). `in_turn(path)` is the waiting kind: the block runs once
+no other process holds the lock on `path` (one build of a C++ extension at a time:
+eagle/common/native_build.py).
 """
 
 from __future__ import annotations
@@ -40,6 +42,19 @@ def exclusive(folder: str | Path, what: str, take: bool = True) -> Iterator[None
                        f"wait for it, or choose another folder") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+@contextmanager
+def in_turn(path: str | Path) -> Iterator[None]:
+    """Hold an advisory lock on the file `path` for the block, after whichever process holds it now."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # closing releases the lock

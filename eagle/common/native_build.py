@@ -5,6 +5,12 @@
 Built with `-march=native` (the CPU's own vector instructions) and OpenMP (torch's threads run the kernels)
 into torch's extensions cache at first use (~15-20 s), then loaded from it. The build is named by `cpu_key()`,
 so a home folder shared by nodes of different CPUs never hands one node's binary to another.
+
+torch guards each build (and each load: it runs ninja to check the build is current) with a file, `lock` in
+the build's folder, which it waits for while it exists; a process killed in there (Ctrl-C while a first
+chat loads, a job stopped) leaves the file behind, and every later process waited forever without a word.
+Our loads take an flock first (`in_turn`: the system drops it with its process), so a `lock` found while
+holding it is such a leftover, and goes.
 """
 
 from __future__ import annotations
@@ -14,6 +20,12 @@ import logging
 import platform
 from functools import cache
 from pathlib import Path
+
+from eagle.common.locks import in_turn
+
+log = logging.getLogger("eagle")
+TORCH_LOCK = "lock"  # torch's build lock in the build folder (torch.utils.file_baton)
+TURN = "eagle-build.flock"  # ours beside it
 
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]  # OpenMP: the kernels' threads, in torch's libgomp
 
@@ -43,8 +55,19 @@ def native_extension(stem: str, source: Path):
     """The extension of `source` built for this CPU, named `stem` and `cpu_key()`. Raises where it cannot be built."""
     from torch.utils import cpp_extension
 
-    return cpp_extension.load(f"{stem}_{cpu_key()}", [str(source)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-                              verbose=False)
+    name = f"{stem}_{cpu_key()}"
+    folder = Path(cpp_extension._get_build_directory(name, verbose=False))  # torch's folder for the build
+    with in_turn(folder / TURN):
+        _drop_leftover_lock(folder)
+        return cpp_extension.load(name, [str(source)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
+
+
+def _drop_leftover_lock(folder: Path) -> None:
+    """Remove torch's build lock in `folder`, called while holding our turn: no live load of ours holds it."""
+    lock = folder / TORCH_LOCK
+    if lock.exists():
+        log.warning("%s: removing the build lock a process stopped while building left behind", lock)
+        lock.unlink(missing_ok=True)
 
 
 def optional_extension(stem: str, source: Path, logger: logging.Logger, instead: str):

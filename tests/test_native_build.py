@@ -1,0 +1,72 @@
+"""Our C++ extensions' builds (eagle/common/native_build.py): a build lock that a stopped process left behind is
+removed, not waited on forever, and loads of one extension take turns."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+from torch.utils import cpp_extension
+
+import eagle.common.native_build as native_build
+from eagle.common.locks import in_turn
+
+SOURCE = """
+#include <torch/extension.h>
+int64_t twice(int64_t x) { return 2 * x; }
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("twice", &twice); }
+"""
+
+
+def _folder(stem: str) -> Path:
+    return Path(cpp_extension._get_build_directory(f"{stem}_{native_build.cpu_key()}", verbose=False))
+
+
+def test_a_real_build_goes_on_past_a_lock_a_stopped_build_left(tmp_path):
+    """torch waits while its `lock` file exists: one left in the folder used to hang every later load, silently."""
+    source = tmp_path / "twice.cpp"
+    source.write_text(SOURCE)
+    script = textwrap.dedent(f"""
+        import os
+        os.environ["TORCH_EXTENSIONS_DIR"] = {str(tmp_path / "ext")!r}
+        from pathlib import Path
+        from eagle.common.native_build import native_extension, cpu_key
+        from torch.utils import cpp_extension
+        folder = Path(cpp_extension._get_build_directory("eagle_twice_" + cpu_key(), verbose=False))
+        (folder / "lock").touch()  # what a build killed mid-way leaves
+        print(native_extension("eagle_twice", Path({str(source)!r})).twice(21))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
+    assert out.stdout.split()[-1] == "42"
+    assert "removing the build lock" in out.stderr
+
+
+def test_loads_of_one_extension_take_turns(monkeypatch, tmp_path):
+    """A load waits while another process holds the turn (here a thread: flock locks are per open file), and a
+    live holder's torch lock is left alone until then."""
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    folder = _folder("eagle_turns")
+    calls = []
+    monkeypatch.setattr(cpp_extension, "load", lambda name, *a, **k: calls.append(
+        (time.monotonic(), (folder / native_build.TORCH_LOCK).exists())) or name)
+    holding, released = threading.Event(), []
+
+    def other_build():
+        with in_turn(folder / native_build.TURN):
+            (folder / native_build.TORCH_LOCK).touch()  # a live build's lock
+            holding.set()
+            time.sleep(0.5)
+            (folder / native_build.TORCH_LOCK).unlink()
+            released.append(time.monotonic())
+
+    thread = threading.Thread(target=other_build)
+    thread.start()
+    holding.wait()
+    name = native_build.native_extension("eagle_turns", tmp_path / "x.cpp")
+    thread.join()
+    assert name.startswith("eagle_turns_") and len(calls) == 1
+    assert calls[0][0] >= released[0] and calls[0][1] is False  # after the other build, its lock gone with it
