@@ -133,7 +133,7 @@ class CompiledHead:
             self._call(shape, self._forward, *args, compile_now=True)
         self.missing.discard(shape)
 
-    def _call(self, shape: tuple, fn, *args, compile_now: bool = False) -> torch.Tensor:
+    def _call(self, shape: tuple, fn, *args, compile_now: bool = False) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """fn(*args) through its graph for `shape`, compiled with the target's settings (keyed by the head's
         and scorer's weights: eagle/compiled/graph_cache.py) at the shape's first call; under `defer` (and not
         compile_now) a shape not compiled yet runs eagerly and joins `missing`."""
