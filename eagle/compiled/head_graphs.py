@@ -41,6 +41,7 @@ from torch import nn
 
 from eagle.compiled.graph_cache import compiled_call, threads_match
 from eagle.compiled.target_graphs import bucket, padded_mask, pending_shapes
+from eagle.heads.draft_vocab import draft_log_probs
 from eagle.heads.eagle2 import KVCache
 
 log = logging.getLogger("eagle")
@@ -160,7 +161,7 @@ class CompiledHead:
     def _scored_rows(self, embeds, features, positions, mask, keys, values, cache_rows, picked):
         """The head's rows [R, H] and the draft log-probs [r, Vd] (fp32) of its rows `picked` [r]."""
         hidden = self._head_rows(embeds, features, positions, mask, keys, values, cache_rows)
-        return hidden, self.scorer(hidden.index_select(0, picked)).float().log_softmax(dim=-1)
+        return hidden, draft_log_probs(self.scorer, hidden.index_select(0, picked))
 
     def _mask(self, allowed: torch.Tensor | None, p: int, m: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
         """[1, 1, rows, L] additive: `allowed` [m, p+m] (None: causal) over the first p+m rows (padded_mask)."""

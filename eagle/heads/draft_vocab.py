@@ -122,6 +122,12 @@ def ids_from_stored(state: dict[str, torch.Tensor], where: Path | str) -> tuple[
 # ---- scoring (the decoder) --------------------------------------------------------------------
 
 
+def draft_log_probs(scorer: nn.Module, hidden: torch.Tensor) -> torch.Tensor:
+    """Draft log-probs [m, Vd] (fp32, on hidden's device) of head outputs [m, H]: the eager and the compiled
+    head score through this one formula."""
+    return scorer(hidden).float().log_softmax(dim=-1)
+
+
 @dataclass
 class DraftVocabulary:
     """What the decoder drafts over: `scorer` maps head outputs [m, H] to logits [m, Vd]; `ids`
@@ -163,7 +169,7 @@ class DraftVocabulary:
 
     def logp(self, hidden: torch.Tensor) -> torch.Tensor:
         """Draft log-probs [m, Vd] (fp32, on the CPU) of head outputs [m, H]."""
-        return self.scorer(hidden).float().log_softmax(dim=-1).cpu()
+        return draft_log_probs(self.scorer, hidden).cpu()
 
     def to_target(self, draft_tokens: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary indices -> target token ids (same shape)."""
