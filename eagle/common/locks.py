@@ -31,8 +31,7 @@ def exclusive(folder: str | Path, what: str, take: bool = True) -> Iterator[None
         yield
         return
     folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    fd = os.open(folder / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _opened(folder / LOCK)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -50,11 +49,15 @@ def exclusive(folder: str | Path, what: str, take: bool = True) -> Iterator[None
 @contextmanager
 def in_turn(path: str | Path) -> Iterator[None]:
     """Hold an advisory lock on the file `path` for the block, after whichever process holds it now."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _opened(Path(path))
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # closing releases the lock
+
+
+def _opened(path: Path) -> int:
+    """A descriptor of the lock file `path` (created with its folder when missing)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
