@@ -8,7 +8,6 @@ import sys
 import textwrap
 import threading
 import time
-from pathlib import Path
 
 from torch.utils import cpp_extension
 
@@ -22,10 +21,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("twice", &twice); }
 """
 
 
-def _folder(stem: str) -> Path:
-    return Path(cpp_extension._get_build_directory(f"{stem}_{native_build.cpu_key()}", verbose=False))
-
-
 def test_a_real_build_goes_on_past_a_lock_a_stopped_build_left(tmp_path):
     """torch waits while its `lock` file exists: one left in the folder used to hang every later load, silently."""
     source = tmp_path / "twice.cpp"
@@ -34,10 +29,8 @@ def test_a_real_build_goes_on_past_a_lock_a_stopped_build_left(tmp_path):
         import os
         os.environ["TORCH_EXTENSIONS_DIR"] = {str(tmp_path / "ext")!r}
         from pathlib import Path
-        from eagle.common.native_build import native_extension, cpu_key
-        from torch.utils import cpp_extension
-        folder = Path(cpp_extension._get_build_directory("eagle_twice_" + cpu_key(), verbose=False))
-        (folder / "lock").touch()  # what a build killed mid-way leaves
+        from eagle.common.native_build import build_folder, native_extension
+        (build_folder("eagle_twice") / "lock").touch()  # what a build killed mid-way leaves
         print(native_extension("eagle_twice", Path({str(source)!r})).twice(21))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
@@ -49,7 +42,7 @@ def test_loads_of_one_extension_take_turns(monkeypatch, tmp_path):
     """A load waits while another process holds the turn (here a thread: flock locks are per open file), and a
     live holder's torch lock is left alone until then."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    folder = _folder("eagle_turns")
+    folder = native_build.build_folder("eagle_turns")
     calls = []
     monkeypatch.setattr(cpp_extension, "load", lambda name, *a, **k: calls.append(
         (time.monotonic(), (folder / native_build.TORCH_LOCK).exists())) or name)

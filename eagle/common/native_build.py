@@ -55,11 +55,18 @@ def native_extension(stem: str, source: Path):
     """The extension of `source` built for this CPU, named `stem` and `cpu_key()`. Raises where it cannot be built."""
     from torch.utils import cpp_extension
 
-    name = f"{stem}_{cpu_key()}"
-    folder = Path(cpp_extension._get_build_directory(name, verbose=False))  # torch's folder for the build
+    folder = build_folder(stem)
     with in_turn(folder / TURN):
         _drop_leftover_lock(folder)
-        return cpp_extension.load(name, [str(source)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"], verbose=False)
+        return cpp_extension.load(folder.name, [str(source)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                                  verbose=False)
+
+
+def build_folder(stem: str) -> Path:
+    """torch's build folder of the extension `stem` on this CPU (named `stem` and `cpu_key()`)."""
+    from torch.utils import cpp_extension
+
+    return Path(cpp_extension._get_build_directory(f"{stem}_{cpu_key()}", verbose=False))
 
 
 def _drop_leftover_lock(folder: Path) -> None:
