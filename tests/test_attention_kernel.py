@@ -39,7 +39,7 @@ def _inputs(rows: int, length: int, dim: int, dtype: torch.dtype, seed: int, hid
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("rows", [1, 3, 8, 12])  # 12: past MAX_ROWS, ATen's SDPA inside the op
+@pytest.mark.parametrize("rows", [1, 3, 8, 12, 24, 30])  # 30: past kMaxRows, ATen's SDPA inside the op
 @pytest.mark.parametrize("dim", [16, 64])  # 64: the unrolled path
 def test_kernel_equals_grouped_sdpa(kernel, dtype, rows, dim):
     query, key, value, mask, _ = _inputs(rows, 48, dim, dtype, seed=rows + dim)
