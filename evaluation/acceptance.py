@@ -23,6 +23,8 @@ from pathlib import Path
 
 import torch
 
+from data_prep.prompt_sets import PROMPT_SETS
+
 log = logging.getLogger("acceptance")
 
 
@@ -66,7 +68,7 @@ def parse_args(argv: list[str] | None):
     ap = argparse.ArgumentParser(prog="python -m evaluation.acceptance", description=__doc__.splitlines()[0])
     ap.add_argument("--base", default="smollm2-135m-instruct", help="target: alias, folder or Hub id")
     ap.add_argument("--heads", required=True, help="LABEL=DIR,... exported heads (EAGLE-1/2 or EAGLE-3)")
-    ap.add_argument("--prompts", default="mtbench", help="mtbench | sharegpt-heldout | MT-bench-shaped JSONL")
+    ap.add_argument("--prompts", default="mtbench", help=PROMPT_SETS)
     ap.add_argument("--num-prompts", type=int, default=80)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])

@@ -27,7 +27,7 @@ import eagle.decoding.settings as tree_settings
 from eagle.common import progress
 from eagle.common.child_process import rss_mb
 from eagle.common.precision import fast_dtype
-from data_prep.prompt_sets import Question, first_per_category, load_questions
+from data_prep.prompt_sets import PROMPT_SETS, Question, first_per_category, load_questions
 from evaluation.methods import DECODERS, METHODS, Bench, default_head_label, split_method
 from evaluation.report import Run, markdown, plots, summarize
 from evaluation.rounding import rounding_steps
@@ -111,7 +111,7 @@ def parse_args(argv=None):
     p.add_argument("--heads", default="", help="more heads, LABEL=DIR,...; method KIND@LABEL decodes with one")
     p.add_argument("--assistant", default=None, help="smaller draft model for `assisted`")
     p.add_argument("--chat-template", default=None, help="template name, .jinja file or text (a base model has none)")
-    p.add_argument("--prompts", default="mtbench", help="mtbench | sharegpt-heldout | path to MT-bench-shaped JSONL")
+    p.add_argument("--prompts", default="mtbench", help=PROMPT_SETS)
     p.add_argument("--methods", default="vanilla,eagle2,eagle1,pld")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                    help="auto: bfloat16 where the CPU has bf16 arithmetic, else float32 (eagle/common/precision.py)")

