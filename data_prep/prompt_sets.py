@@ -8,7 +8,7 @@ Evaluation prompts are chats like the training data, read by the same code; they
     load_questions("sharegpt-heldout")  # first user turns of ShareGPT conversations 15,000 on
     load_questions("my.jsonl")          # {"question_id", "category", "turns": [...]} per line
 
-MT-bench and HumanEval are the two sets EAGLE's paper measures with that no head here trains on. The
+MT-bench and HumanEval, two of the sets EAGLE's paper measures on, are drawn from no training data here. The
 held-out ShareGPT prompts are held out from runs that read the packaged ShareGPT from its front (the
 recipes' comparisons, the EAGLE-1/2 head); the shipped EAGLE-3 head trained on the target's replies to
 conversations 14,700-17,670, so for it they are training prompts.
