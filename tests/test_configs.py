@@ -105,6 +105,11 @@ def test_the_shipped_recipe_chains_its_stages():
     merged5 = composed("smollm2_eagle3_regen_c0_5")  # stage 24: the shipped stage 23 over conversations 0-8,399
     assert merged5.train.init_head == f"{merged4.output_dir}/head" and merged5.train.epochs == 2
     assert merged5.store_dir.endswith("/regen-c0-8399-regenTrue-len1024-layers2_15_27_-1") and merged5.train.save_every
+    # stage 25: stage 24 as published (12,288 tokens) one epoch over the next four slices, 8,400-12,599, alone
+    c8400 = composed("smollm2_eagle3_regen_c8400")
+    assert c8400.train.init_head == f"{merged5.output_dir}/published" and c8400.train.epochs == 1
+    assert c8400.store_dir.endswith("/regen-c8400-12599-regenTrue-len1024-layers2_15_27_-1")
+    assert c8400.train.tau_prompts != "sharegpt-heldout"  # stages 18-21 trained on those prompts
     deep2 = composed("smollm2_eagle3_deep2")  # stage 24 with a second decoder layer, on its store
     assert deep2.train.init_head == f"{merged5.output_dir}/head" and deep2.train.head_layers == 2
     assert deep2.store_dir == merged5.store_dir and deep2.output_dir != merged5.output_dir
