@@ -11,7 +11,7 @@ adds our decoder's 3-token chain and EAGLE-2 tree (eager, so ~10x slower than vL
 sizes). `--temperature 1` measures the acceptance of speculative sampling instead of greedy
 decoding (both judges sample, with fixed seeds). The judge is evaluation/parity_judge.py's. Scores
 are cached in OUT/scores.json by head folder and settings: a rerun judges only the heads it has not
-judged.
+judged, and again a folder whose weights changed since (a new stage published into it).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
     judge = ParityJudge(target_dir, prompts="mtbench", num_prompts=80, max_new_tokens=256, dtype=torch.bfloat16)
     scores = judge.score(head_dir)   # {"chain3_tau", "chain3_accept": [α1, α2, α3], "tree_tau", ...}
-    scores = cached_scores(path, {name: head_dir}, settings, make_judge)   # judged once per name and settings
+    scores = cached_scores(path, {name: head_dir}, settings, make_judge)   # judged once per name, settings and weights
 
 Our decoder, greedy (or sampled at `temperature`, seeded per prompt): a chain of 3 drafted tokens
 (vLLM's `num_speculative_tokens=3`; per-position acceptance = share of steps whose draft was
@@ -14,6 +14,7 @@ an fc bias); skipped with the reason otherwise.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -109,16 +110,38 @@ def scores_key(prompts: str, num_prompts: int, max_new_tokens: int, dtype: str, 
     return f"{prompts}-{num_prompts}x{max_new_tokens}-{dtype}-{judges}{sampled}"
 
 
+HEAD_FILES = ("*.safetensors", "*.bin", "*.pt", "config.json", "draft_vocab.json")  # what a head decodes from
+
+
+def head_fingerprint(head_dir: Path) -> str | None:
+    """sha256 (16 hex digits) of the files a head folder decodes from; None when it holds none (gone)."""
+    files = sorted({f for pattern in HEAD_FILES for f in Path(head_dir).glob(pattern) if f.is_file()})
+    if not files:
+        return None
+    digest = hashlib.sha256()
+    for f in files:
+        digest.update(f.name.encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def cached_scores(path: Path, heads: dict[str, Path], settings: str, make_judge: Callable[[], ParityJudge]
                   ) -> dict[str, dict]:
     """Scores of `heads` (name -> head folder) judged under `settings`, read from the JSON file `path`
-    (keyed "name|settings") or judged by `make_judge()` and added to it one head at a time."""
+    (keyed "name|settings") or judged by `make_judge()` and added to it one head at a time. A score keeps
+    its head's fingerprint ("head_sha256"): a folder written anew since (a new stage exported or published into
+    it) is judged again; a folder gone keeps its score."""
     scores = json.loads(path.read_text()) if path.exists() else {}
-    todo = {name: d for name, d in heads.items() if f"{name}|{settings}" not in scores}
+    prints = {name: head_fingerprint(d) for name, d in heads.items()}
+
+    def fresh(name: str) -> bool:
+        cached = scores.get(f"{name}|{settings}")
+        return cached is not None and (prints[name] is None or cached.get("head_sha256") == prints[name])
+
+    todo = {name: d for name, d in heads.items() if not fresh(name)}
     if todo:
         judge = make_judge()
         for name, head_dir in todo.items():
             log.info("judging %s (%s)", name, head_dir)
-            scores[f"{name}|{settings}"] = judge.score(head_dir)
+            scores[f"{name}|{settings}"] = {**judge.score(head_dir), "head_sha256": prints[name]}
             path.write_text(json.dumps(scores, indent=1))
     return {name: scores[f"{name}|{settings}"] for name in heads}

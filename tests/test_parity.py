@@ -102,6 +102,29 @@ def test_the_judges_measure_the_head_alone_without_the_default_lookup_chain():
     assert max(model.last_stats.accept_lengths) <= 4
 
 
+def test_a_cached_score_is_judged_again_once_its_head_folder_is_written_anew(tmp_path):
+    """A new stage published into the folder a score was cached for gets its own score; a folder gone keeps its."""
+    from evaluation.parity_judge import cached_scores
+
+    head, path, judged = tmp_path / "head", tmp_path / "scores.json", []
+    head.mkdir()
+    (head / "config.json").write_text("{}")
+    (head / "model.safetensors").write_bytes(b"stage 24")
+
+    class Judge:
+        def score(self, head_dir):
+            judged.append(head_dir)
+            return {"vllm_tau": float(len(judged))}
+
+    first = cached_scores(path, {"h": head}, "mtbench", Judge)
+    assert cached_scores(path, {"h": head}, "mtbench", Judge) == first and len(judged) == 1
+    (head / "model.safetensors").write_bytes(b"stage 25")
+    assert cached_scores(path, {"h": head}, "mtbench", Judge)["h"]["vllm_tau"] == 2.0
+    for f in head.iterdir():
+        f.unlink()
+    assert cached_scores(path, {"h": head}, "mtbench", lambda: pytest.fail("judged"))["h"]["vllm_tau"] == 2.0
+
+
 def test_scores_of_one_judge_are_cached_apart_from_both_and_no_judge_is_refused(tmp_path):
     base = ["--store", str(tmp_path), "--out", str(tmp_path / "out")]
     keys = {parity.judges_key(parity.parse_args(base + flags)) for flags in ([], ["--no-ours"], ["--no-vllm"])}
