@@ -110,6 +110,10 @@ def test_the_shipped_recipe_chains_its_stages():
     assert c8400.train.init_head == f"{merged5.output_dir}/published" and c8400.train.epochs == 1
     assert c8400.store_dir.endswith("/regen-c8400-12599-regenTrue-len1024-layers2_15_27_-1")
     assert c8400.train.tau_prompts != "sharegpt-heldout"  # stages 18-21 trained on those prompts
+    c12600 = composed("smollm2_eagle3_regen_c12600")  # stage 26: stage 25 uncut, one epoch over the last slice
+    assert c12600.train.init_head == f"{c8400.output_dir}/head" and c12600.train.epochs == 1
+    assert c12600.store_dir.endswith("/sharegpt_packaged-limit1050-from12600-regenTrue-len1024-layers2_15_27_-1")
+    assert c12600.output_dir != c8400.output_dir and c12600.train.tau_prompts == c8400.train.tau_prompts
     deep2 = composed("smollm2_eagle3_deep2")  # stage 24 with a second decoder layer, on its store
     assert deep2.train.init_head == f"{merged5.output_dir}/head" and deep2.train.head_layers == 2
     assert deep2.store_dir == merged5.store_dir and deep2.output_dir != merged5.output_dir

@@ -310,13 +310,23 @@ def _calibration_step(model, state, sizes, depths, accepted) -> tuple[object, fl
     """Score every (n, d) on one step, then advance the greedy decoding.
 
     Returns (state, seconds of the step beyond its verify forward)."""
+    tree, verify = score_trees(model, state, sizes, depths, accepted)
+    start = time.perf_counter()
+    state, _ = model.step(state, tree)
+    return state, time.perf_counter() - start - verify
+
+
+def score_trees(model, state, sizes, depths, accepted) -> tuple[Tree, float]:
+    """Append to accepted[(n, d)] the length every tree of n nodes and depth <= d would accept from this state:
+    the largest pool verified in one target forward, its rows discarded after. Returns that pool's tree and the
+    verify's seconds."""
     tokens, scores, parents = model.draft_candidates(state, depths[-1])  # [M]
     kept = select_nodes(scores, parents, sizes[-1] - 1)
     tree = build_tree(torch.cat([state.root, tokens[kept]]), reindex_parents(kept, parents))
     start = time.perf_counter()
     logits = model.verify(state, tree).logits
     verify = time.perf_counter() - start
-    model.discard(state)  # the real step below verifies again
+    model.discard(state)  # the caller's step verifies again
     correct = _correct_candidates(tree, greedy_ids(logits).cpu(), kept, scores.numel())  # [M] bool
     depth = _depths(parents)  # [M]
     for d in depths:
@@ -326,9 +336,7 @@ def _calibration_step(model, state, sizes, depths, accepted) -> tuple[object, fl
             chosen = order[: n - 1]
             ok = correct[chosen]
             accepted[(n, d)].append(1 + (int(depth[chosen][ok].max()) if bool(ok.any()) else 0))
-    start = time.perf_counter()
-    state, _ = model.step(state, tree)
-    return state, time.perf_counter() - start - verify
+    return tree, verify
 
 
 def _correct_candidates(tree: Tree, best: torch.Tensor, kept: torch.Tensor, m: int) -> torch.Tensor:
