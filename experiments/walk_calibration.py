@@ -11,8 +11,8 @@ configuration's walk over the text: from a position, accept the longer of the tr
 prefix, move past it, count a step. It prints, per configuration, the walk's τ (what the decoder gets, up to the
 near-ties of the dtype), the tuner's estimator over the same text (`sampled`: the mean at the positions the largest
 tree's walk lands on, as calibration steps do) and the tuner's own estimate, whose text comes from steps that
-commit several tokens at once (so at a near-tie of the dtype it may write another reply). Greedy decoding is deterministic: the figures do not depend on
-the machine's load.
+commit several tokens at once (so at a near-tie of the dtype it may write another reply). Greedy decoding is
+deterministic: the figures do not depend on the machine's load.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def per_position(model: EaModel, ids: torch.Tensor, new_tokens: int) -> tuple[di
     return accepted, copied
 
 
-def walk(accepted: list[int], copied: list[int], lookup: int) -> tuple[int, int]:
+def walk(accepted: list[int] | None, copied: list[int], lookup: int) -> tuple[int, int]:
     """(tokens, steps) of a decoder walking one text: at each step it accepts the longer of the tree's path
     (accepted[p], root and bonus included) and the root plus the chain's matching prefix, and moves past them.
     accepted=None: prompt lookup alone (the tree is the root)."""
