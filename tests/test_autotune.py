@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from eagle.tuning.tuner import PLAIN, TreeBudget, choose, fastest_ms, forward_costs, monotone_costs
+from eagle.tuning.tuner import PLAIN, TreeBudget, choose, fastest_ms, forward_costs, monotone_costs, walk_tau
 
 
 def test_monotone_costs_keep_rising_costs_and_a_kink():
@@ -80,3 +80,22 @@ def test_a_tree_picked_without_a_chain_gets_a_chain_only_where_it_is_expected_to
     assert budget.picked(10).lookup == 8  # of chains that score alike, the longest
     grid[1:3] = [{**grid[2], "tokens_per_s": 90.0}, {**grid[2], "lookup": 4, "tokens_per_s": 90.0}]
     assert budget.picked(10).lookup == 8 and budget.picked(5).lookup == 4
+
+
+def test_a_walk_moves_past_what_each_step_accepts_and_counts_the_steps():
+    assert walk_tau([3, 1, 1, 2, 1, 1], [0] * 6, [6], 0) == 6 / 3  # steps start at positions 0, 3, 5
+    # a chain of 3 matching tokens at position 1 carries the step to position 5: positions 2 and 3, each with
+    # a long match of its own, never start a step (a mean over all positions would count them)
+    assert walk_tau([1] * 6, [0, 3, 2, 1, 0, 0], [6], 6) == 6 / 3
+    assert walk_tau([1] * 6, [0, 3, 2, 1, 0, 0], [6], 2) == 6 / 4  # the chain clipped to 2: positions 0, 1, 4, 5
+    # two texts: a step never crosses from one into the next (3 steps over the first, 2 over the second)
+    assert walk_tau([2, 1, 1, 1, 1, 1], [0] * 6, [4, 6], 0) == 6 / 5
+
+
+def test_choose_leaves_out_rows_not_timed_as_decoding():
+    grid = [{"total_token": 1, "depth": 1, "lookup": 0, "ms_per_step": 10.0, "tokens_per_s": 100.0, "timed": True},
+            {"total_token": 8, "depth": 2, "lookup": 0, "ms_per_step": 20.0, "tokens_per_s": 130.0, "timed": True},
+            {"total_token": 4, "depth": 2, "lookup": 4, "ms_per_step": 17.0, "tokens_per_s": 140.0, "timed": False}]
+    assert choose(grid)["total_token"] == 8  # the parts' sum alone does not decide
+    grid[2]["timed"] = True
+    assert choose(grid)["total_token"] == 4

@@ -5,7 +5,7 @@ import torch
 
 from eagle.decoding.settings import TreeSettings
 from eagle.model import EaModel
-from eagle.tuning.tuner import Calibration, calibration_prompts, tune_tree
+from eagle.tuning.tuner import COMPILED_SIZES, Calibration, calibration_prompts, tune_tree
 from experiments.chain_calibration import calibrate, predicted_row
 from tests.tiny import near_bigram_pair
 
@@ -33,12 +33,13 @@ def test_calibration_stops_a_prompt_after_the_step_that_emits_an_eos():
 def test_chain_calibration_replays_the_tuners_measurement():
     target, head = near_bigram_pair(5, coupling=0.3)
     model = EaModel(target, head, settings=TreeSettings(total_token=8, depth=3, top_k=4))
-    prompts, steps = calibration_prompts(model)[:2], 10
+    prompts, positions = calibration_prompts(model)[:2], 30
     with torch.inference_mode():
-        budget = tune_tree(model, prompts, steps_per_prompt=steps, repeats=1)
-        accepted, copied = calibrate(model, prompts, steps)
-    assert accepted == budget.accepted and copied == budget.copied
-    assert len(copied) > steps and any(copied)  # the near-bigram target repeats itself: chains match
-    row = predicted_row(accepted, copied)
+        budget = tune_tree(model, prompts, sizes=COMPILED_SIZES, positions_per_prompt=positions, repeats=1)
+        cal = calibrate(model, prompts, positions)
+    assert cal.accepted == budget.accepted and cal.copied == budget.copied and cal.ends == budget.ends == [30, 60]
+    assert any(cal.copied)  # the near-bigram target repeats itself: chains match
     chained = {(r["total_token"], r["depth"], r["lookup"]): r["tau"] for r in budget.grid}
-    assert f"16/3: {chained[(16, 3, 0)]:.2f} -> +4 {chained[(16, 3, 4)]:.2f} +8 {chained[(16, 3, 8)]:.2f}" in row
+    assert f"8/3: +0 {chained[(8, 3, 0)]:.2f} +4 {chained[(8, 3, 4)]:.2f} +6 {chained[(8, 3, 6)]:.2f}" in predicted_row(cal)
+    assert f"1/1: +4 {chained[(1, 1, 4)]:.2f}" in predicted_row(cal)
+

@@ -463,8 +463,8 @@ def test_draft_vocab_without_a_stored_vocabulary_is_a_clear_error():
 
 
 def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless(monkeypatch):
-    """The tuner's accept length for every (n, d) equals verifying that tree for real, on every step;
-    the plain step is timed in the same rounds as the verify widths."""
+    """The tuner's accept length for every (n, d) equals verifying that tree for real, at every position of its
+    greedy text; the plain step is timed in the same rounds as the verify widths."""
     from eagle.tuning import tuner as autotune
     from eagle.tuning.tuner import calibration_prompts, tune_tree
     from eagle.decoding.tree import build_tree, reindex_parents, select_nodes
@@ -477,7 +477,7 @@ def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless(monkeyp
     timed, fastest = [], autotune.fastest_ms
     monkeypatch.setattr(autotune, "fastest_ms", lambda fns, rounds, *pause: timed.append(set(fns)) or fastest(fns, rounds, *pause))
     with torch.inference_mode():
-        budget = tune_tree(model, prompts, sizes=sizes, depths=depths, steps_per_prompt=steps, repeats=1)
+        budget = tune_tree(model, prompts, sizes=sizes, depths=depths, positions_per_prompt=steps, repeats=1)
     assert {*sizes, autotune.PLAIN} in timed
     with torch.inference_mode():
         real = {key: [] for key in budget.accepted}
@@ -492,14 +492,12 @@ def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless(monkeyp
                     logits = model.verify(state, tree).logits
                     model.discard(state)
                     real[(n, d)].append(verify_greedy(tree, logits)[0].numel())
-                big = model.draft_candidates(state, max(depths))
-                kept = select_nodes(big[1], big[2], max(sizes) - 1)
-                state, _ = model.step(state, build_tree(torch.cat([root, big[0][kept]]), reindex_parents(kept, big[2])),
-                                       SamplingParams())
+                state, _ = model.step(state, build_tree(root, torch.tensor([-1])), SamplingParams())  # one token
     assert real == budget.accepted
     assert {(r["total_token"], r["depth"]) for r in budget.grid if r["total_token"] > 1 and not r["lookup"]} == set(real)
     plain = [r for r in budget.grid if r["total_token"] == 1 and not r["lookup"]]  # plain decoding is a candidate too
-    assert len(plain) == 1 and plain[0]["tau"] == 1.0 and plain[0]["ms_per_step"] == budget.plain_ms > 0
+    assert len(plain) == 1 and plain[0]["tau"] == 1.0 and plain[0]["parts_ms"] == budget.plain_ms > 0
+    assert plain[0]["timed"] and plain[0]["ms_per_step"] > 0  # and then as real plain decoding steps
     assert max(max(v) for v in real.values()) >= 3  # long paths really occur
     auto = EaModel.from_modules(target, head, settings=TreeSettings(total_token="auto", top_k=4), background=False)
     assert auto.tuning is not None
@@ -513,7 +511,7 @@ def test_auto_budget_predicts_the_real_accept_lengths_and_stays_lossless(monkeyp
 def test_the_tuner_predicts_what_a_lookup_chain_adds_on_every_step():
     """For every (n, d) and chain length L of the grid, a tree with the chain merged in accepts what
     the tuner predicts from the greedy text alone: max(the tree's own length, 1 + the chain's
-    matching prefix), on every calibration step whose chain ends inside the decoded text."""
+    matching prefix), at every calibration position whose chain ends inside the decoded text."""
     from eagle.decoding.prompt_lookup import lookup_chain, merge_chain
     from eagle.decoding.tree import build_tree, reindex_parents, select_nodes
     from eagle.decoding.verify import verify_greedy
@@ -524,7 +522,7 @@ def test_the_tuner_predicts_what_a_lookup_chain_adds_on_every_step():
     sizes, depths, steps = (4, 8), (2,), 12
     prompts = calibration_prompts(model)[:2]
     with torch.inference_mode():
-        budget = tune_tree(model, prompts, sizes=sizes, depths=depths, steps_per_prompt=steps, repeats=1)
+        budget = tune_tree(model, prompts, sizes=sizes, depths=depths, positions_per_prompt=steps, repeats=1)
         step, checked = 0, 0
         for ids in prompts:
             state, _ = model.prefill(ids, SamplingParams())
@@ -541,10 +539,7 @@ def test_the_tuner_predicts_what_a_lookup_chain_adds_on_every_step():
                         model.discard(state)
                         want = max(budget.accepted[(n, 2)][step], 1 + min(budget.copied[step], lookup))
                         ends.append((step, state.ids.shape[1] + lookup, got, want))
-                big = model.draft_candidates(state, 2)
-                kept = select_nodes(big[1], big[2], max(sizes) - 1)
-                state, _ = model.step(state, build_tree(torch.cat([state.root, big[0][kept]]),
-                                                        reindex_parents(kept, big[2])), SamplingParams())
+                state, _ = model.step(state, build_tree(state.root, torch.tensor([-1])), SamplingParams())
                 step += 1
             for _, end, got, want in ends:
                 assert got >= want
@@ -612,7 +607,7 @@ def test_a_tuned_budget_is_reused_for_the_same_head_target_and_machine(tmp_path,
 
     def counted(model, prompts=None, sizes=None, **options):
         calls.append(1)
-        return real(model, prompts, sizes, steps_per_prompt=2, repeats=1, **options)
+        return real(model, prompts, sizes, positions_per_prompt=2, repeats=1, **options)
 
     monkeypatch.setattr(eagle.model, "tune_tree", counted)
     target, head = near_bigram_pair(2)

@@ -29,7 +29,7 @@ def quick_tuner(monkeypatch, tmp_path):
 
     def quick(model, prompts=None, sizes=None, **options):
         calls.append(options.get("pause"))
-        return real(model, prompts, sizes, steps_per_prompt=2, repeats=1, **options)
+        return real(model, prompts, sizes, positions_per_prompt=2, repeats=1, **options)
 
     monkeypatch.setattr(eagle.model, "tune_tree", quick)
     return calls

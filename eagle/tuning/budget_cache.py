@@ -28,7 +28,7 @@ from eagle.tuning.tuner import COMPILED_SIZES, DEPTHS, SIZES, TreeBudget
 from eagle.targets.resolve import cache_dir
 
 # Bump when the tuner's measurement changes, so old picks are not reused.
-VERSION = 13  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;
+VERSION = 14  # 2: plain decoding is a candidate; 3: draft costs per pool width, widths 2-4;
 #            4: the head and its scorer compiled (draft and rest of a step cost less);
 #            5: the plain step timed in the verify widths' rounds (it was timed back to back, too fast);
 #            6: every compiled width autotuned to the C++ GEMM template (wide verifies cost less);
@@ -40,6 +40,7 @@ VERSION = 13  # 2: plain decoding is a candidate; 3: draft costs per pool width,
 #            11: 48 calibration steps per prompt (16 saw too little of a reply to score the chain)
 #            12: calibration prompts that quote text (a function to fix, a message to rewrite)
 #            13: the scorer in the head's graph (the root's draft log-probs come with the commit)
+#            14: τ walked over every position of the calibration text; the best rows timed as real decoding
 
 
 def tuned_sizes(model) -> tuple[int, ...]:
@@ -92,10 +93,10 @@ def load(key: dict) -> TreeBudget | None:
 
 
 def save(key: dict, budget: TreeBudget) -> Path:
-    """Store a TreeBudget atomically (its per-step accept and copy lengths are left out)."""
+    """Store a TreeBudget atomically (its per-position accept and copy lengths are left out)."""
     path = path_of(key)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fields = {k: v for k, v in asdict(budget).items() if k not in ("accepted", "copied")}
+    fields = {k: v for k, v in asdict(budget).items() if k not in ("accepted", "copied", "ends")}
     fields["draft_ms"] = {f"{k},{d}": ms for (k, d), ms in budget.draft_ms.items()}  # JSON keys are strings
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
     with os.fdopen(fd, "w") as f:

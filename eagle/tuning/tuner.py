@@ -5,14 +5,15 @@ costs one more head forward per level; where the optimum lies depends on the har
 (on a GPU the verify forward is almost free up to ~60 nodes, on a CPU it is not) and on
 the head. `tune_tree` measures both sides at load time:
 
-1. **Acceptance.** Greedy decoding of a few calibration prompts with the largest candidate
-   pool. At every step the target verifies the best `max(SIZES)` candidates in one forward,
-   which tells, for each candidate, whether its whole path matches the target's greedy
-   tokens. Because EAGLE-2 keeps the best `n` candidates by score, and a pool of depth d is
-   the first d levels of the deeper pool, the accepted length of *every* (n, d) on the same
-   step follows from that one forward: the deepest correct node among the n-1 best
-   candidates of depth <= d. (Greedy decoding does not depend on the tree, so all budgets
-   see the same contexts.)
+1. **Acceptance.** Greedy decoding of a few calibration prompts, a token at a time. At every
+   position the target verifies the best `max(SIZES)` candidates of the largest pool in one forward,
+   which tells, for each candidate, whether its whole path matches the target's greedy tokens, and
+   the root's own row is committed from that forward (a step that accepts no draft). Because EAGLE-2
+   keeps the best `n` candidates by score, and a pool of depth d is the first d levels of the deeper
+   pool, the accepted length of *every* (n, d) at that position follows from the one forward: the
+   deepest correct node among the n-1 best candidates of depth <= d. The text is the one plain
+   decoding writes, whatever the tree, so every configuration walks it as the decoder would
+   (`walk_tau`): from a position, accept that tree's length there, move past it, count a step.
 2. **Cost.** The wall time of the target forward over n tree tokens and of drafting to depth
    d with the pool width a tree of n nodes needs (`draft_width`: min(top_k, n - 1) children per
    node). Every size (depth, width) is timed in rounds that visit all of them in turn, so a burst
@@ -20,8 +21,9 @@ the head. `tune_tree` measures both sides at load time:
    time), and the closest non-decreasing costs to those (`monotone_costs`) remove what is left
    of a burst without assuming a shape: compiled forwards of up to 4 rows run other kernels than
    wider ones (eagle/compiled/target_graphs.py), so cost is not a line in n. Plus the rest of a step
-   (acceptance, cache commit, head update): the median over calibration steps of the step's time
-   minus that of the same tree's verify forward, timed just before it.
+   (acceptance, cache commit, head update): the median over calibration positions of committing
+   their token. These parts rank the grid; the best rows are then timed as what they are, real
+   decoding steps (eagle/tuning/step_timing.py), and only timed rows are chosen from.
 
 3. **Plain decoding.** The ms per token of the model's own plain step (`naivegenerate`'s
    forward, compiled when the tree's are) over the same context, timed in the same rounds as the
@@ -30,33 +32,37 @@ the head. `tune_tree` measures both sides at load time:
    ran ~2 ms faster than between the other forwards (each frozen graph packs its own weights, so
    one graph repeated keeps them warm), and the tuner picked plain steps where a 4-node tree
    decoded 1.15x faster end to end (docs/speed.md). A plain step is a one-row forward, so its cost
-   joins the verify widths' non-decreasing fit as width 1 (`forward_costs`).
+   joins the verify widths' non-decreasing fit as width 1 (`forward_costs`). Its row is then timed
+   again as real plain steps beside the best trees (step_timing.py), whose figure the choice uses.
 
 4. **The prompt-lookup chain** (eagle/decoding/prompt_lookup.py). Whether a chain of L tokens
    would have been accepted depends only on the greedy text, which calibration has decoded: at
-   every step the chain found in the context so far is compared with the tokens that followed it,
-   and a tree with a chain accepts the longer of its own path and the chain's matching prefix. A
-   step with a chain verifies n + L rows, costed as the narrowest timed width that holds them
-   (`CHAIN_LENGTHS`), on every step (a step whose chain lies inside the tree, or finds none,
-   verifies only n); n = 1 with a chain is prompt lookup alone, without drafting. A reply copies
-   from itself and from the prompt more the longer it runs, so calibration decodes
-   `STEPS_PER_PROMPT` steps of each prompt (~120 tokens), and two of its six prompts quote text the
-   reply reuses, as real chats do. With the shipped EAGLE-3 head an 8-token chain adds 47 % to the
-   16/3 tree's τ on them, where the first turns of MT-bench gain 36 % and those of held-out ShareGPT
-   72 % (`python -m experiments.chain_calibration`); the four prompts without quotes scored 20 %.
-   A prompt's calibration ends at its EOS.
+   every position the chain found in the context so far is compared with the tokens that followed
+   it, and a tree with a chain accepts the longer of its own path and the chain's matching prefix.
+   The walk matters most here: a chain carries a step through a copied stretch at once, so the
+   positions inside it never start a step (a mean over the steps of a decoding that advanced by the
+   largest tree's length scored several of them, each with a long match, and rated a 2-node tree
+   with a 6-token chain at τ 3.20 where decoding got 2.15). A step with a chain verifies n + L rows,
+   ranked as the narrowest timed width that holds them (`CHAIN_LENGTHS`); n = 1 with a chain is
+   prompt lookup alone, without drafting. A reply copies from itself and from the prompt more the
+   longer it runs, so calibration decodes `POSITIONS_PER_PROMPT` tokens of each prompt, and two of
+   its six prompts quote text the reply reuses, as real chats do. A prompt's calibration ends at
+   its EOS.
 
-The choice maximises mean(accepted) / (draft(width(n), d) + verify(n + L) + rest) over the grid; of
-the choices within `TOLERANCE` of the best it takes the cheapest step (the smallest tree,
-plain decoding first), since timings cannot tell them apart and a small tree costs least when
-the estimate is off. So speculation, and the chain, are the default only where this device gains
+The grid ranks by walk τ / (draft(width(n), d) + verify(n + L) + rest); its best rows (eagle/tuning/
+step_timing.py: the best of each band of chain lengths, each tree among them also with its best chain)
+and plain decoding are then timed as real steps continuing two calibration replies, in the same rounds, and
+the choice maximises walk τ / that step time among them;
+of the choices within `TOLERANCE` of the best it takes the cheapest step (the smallest tree, plain
+decoding first), since timings cannot tell them apart and a small tree costs least when the
+estimate is off. So speculation, and the chain, are the default only where this device gains
 from them. The grid keeps every chain length, so models that allow shorter chains (`lookup`, the
 longest a model may use) pick from the same measurement (`TreeBudget.picked`). A tree picked without a
 chain keeps none unless one of its chain rows scores at least as well as the tree alone: the chain
 never makes the expected step slower than the head's tree.
 
-The tuner drives a model only through its public step API (`prefill`, `draft_candidates`,
-`verify`, `discard`, `step`; eagle/model.py). `python -m evaluation.tuner_spread --runs 4` tunes
+The tuner drives a model only through its public step API (`prefill`, `draft_candidates`, `draft`,
+`verify`, `commit`, `discard`, `step`; eagle/model.py). `python -m evaluation.tuner_spread --runs 4` tunes
 several times in a row and prints each pick, to see how steady the choice is on a machine.
 """
 
@@ -73,6 +79,7 @@ import torch
 from eagle.decoding.prompt_lookup import lookup_chain, matched_length
 from eagle.decoding.tree_drafter import draft_width
 from eagle.decoding.verify import greedy_ids
+from eagle.tuning import step_timing
 from eagle.targets.tokenizer import chat_prompt
 from eagle.decoding.tree import Tree, build_tree, reindex_parents, select_nodes
 
@@ -84,7 +91,7 @@ DEPTHS = (1, 2, 3, 4, 5, 6, 7)
 PLAIN = "plain"  # the plain step's key among the timed forwards
 CHAIN_LENGTHS = (1, 2, 3, 4, 6, 8, 10, 12, 16)  # prompt-lookup chains scored
 LOOKUP_LIMIT = max(CHAIN_LENGTHS)
-STEPS_PER_PROMPT = 48  # calibration steps of each prompt: replies copy from themselves later on
+POSITIONS_PER_PROMPT = 96  # calibration positions of each prompt: replies copy from themselves later on
 TOLERANCE = 0.03  # choices this close to the best expected tokens/s count as equally fast
 # What users ask, by kind: a story, an explanation, a calculation, a list of tips, and two that quote text the
 # reply reuses (code to fix, a message to rewrite), as real chats do; without those two the chain's gain scored
@@ -116,10 +123,11 @@ class TreeBudget:
     draft_ms: dict[tuple[int, int], float] = field(default_factory=dict)  # (pool width, depth) -> ms
     rest_ms: float = 0.0
     plain_ms: float | None = None  # one plain decoding step (the grid's total_token=1 row)
-    accepted: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (n, d) -> per-step lengths
+    accepted: dict[tuple[int, int], list[int]] = field(default_factory=dict)  # (n, d) -> per-position lengths
     lookup: int = 0  # tokens of the prompt-lookup chain merged into each tree (0 = none)
     lookup_ms: float = 0.0  # finding the chain, per step
-    copied: list[int] = field(default_factory=list)  # per calibration step: leading chain tokens that match
+    copied: list[int] = field(default_factory=list)  # per calibration position: leading chain tokens that match
+    ends: list[int] = field(default_factory=list)  # where each calibration text's positions end
 
     def picked(self, max_lookup: int = LOOKUP_LIMIT) -> "TreeBudget":
         """The same measurements, choosing among the rows whose chain has at most max_lookup tokens. A tree
@@ -128,10 +136,15 @@ class TreeBudget:
         to slow the tree, none: the chain's rows are verified on every step that finds one."""
         best = choose(self.grid, max_lookup=max_lookup)
         if best["total_token"] > 1 and not best.get("lookup", 0):
-            same = [r for r in self.grid if r.get("lookup", 0) <= max_lookup and _same_tree(r, best)]
+            same = [r for r in _timed(self.grid) if r.get("lookup", 0) <= max_lookup and _same_tree(r, best)]
             best = max(same, key=lambda r: (r["tokens_per_s"], r.get("lookup", 0)))
         return replace(self, total_token=best["total_token"], depth=best["depth"], lookup=best.get("lookup", 0),
                        tokens_per_second=best["tokens_per_s"])
+
+
+def _timed(grid: list[dict]) -> list[dict]:
+    """The rows whose cost was timed as real decoding (`time_shortlist`; a grid without marks: every row)."""
+    return [r for r in grid if r.get("timed", True)]
 
 
 def _same_tree(a: dict, b: dict) -> bool:
@@ -139,11 +152,11 @@ def _same_tree(a: dict, b: dict) -> bool:
 
 
 def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, depths=DEPTHS,
-              steps_per_prompt: int = STEPS_PER_PROMPT, repeats: int = 5,
+              positions_per_prompt: int = POSITIONS_PER_PROMPT, repeats: int = 5,
               pause: Callable[[], None] | None = None) -> TreeBudget:
     """Measure acceptance and cost on this device; return the fastest (total_token, depth, lookup),
     where total_token=1, lookup=0 is plain decoding (a model with a shorter `lookup` picks again from
-    the grid: `TreeBudget.picked`). pause: called before each timed part (a calibration step, a round
+    the grid: `TreeBudget.picked`). pause: called before each timed part (a calibration position, a round
     of forwards)."""
     pause = pause or (lambda: None)
     prompts = prompts if prompts is not None else calibration_prompts(model)
@@ -151,7 +164,7 @@ def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, dep
     cal = Calibration.over(sizes, depths)
     state = None
     for ids in prompts:
-        state = cal.decode(model, ids, steps_per_prompt, pause)
+        state = cal.decode(model, ids, positions_per_prompt, pause)
     forwards: dict[object, Callable[[], None]] = {n: lambda n=n: _verify_only(model, state, n) for n in sizes}
     # timed in the same rounds as the verify widths: alike, or a burst of load favours one side
     model.plain.prefill(state.ids[:, :-1])
@@ -160,40 +173,47 @@ def tune_tree(model, prompts: list[torch.Tensor] | None = None, sizes=SIZES, dep
     width = {n: draft_width(n, model.settings.top_k) for n in sizes}
     draft_ms = _draft_costs(model, state, sorted(set(width.values())), depths, repeats, pause)
     budget = TreeBudget(0, 0, 0.0, [], verify_ms, draft_ms, max(0.0, statistics.median(cal.rest_s) * 1e3), plain_ms,
-                        cal.accepted, lookup_ms=statistics.median(cal.lookup_s) * 1e3, copied=cal.copied)
+                        cal.accepted, lookup_ms=statistics.median(cal.lookup_s) * 1e3, copied=cal.copied,
+                        ends=cal.ends)
     budget.grid = _grid(budget, {(n, d): draft_ms[(width[n], d)] for n in sizes for d in depths}, depths[0])
+    timed = step_timing.timed_contexts(prompts, cal.texts)
+    step_timing.time_shortlist(model, budget.grid, timed, max(1, repeats - 2), pause)
     return budget.picked()
 
 
 @dataclass
 class Calibration:
-    """What greedy decoding of the calibration prompts measured, one entry per step."""
+    """What greedy decoding of the calibration prompts measured, one entry per position of their text."""
 
     sizes: list[int]
     depths: list[int]
-    accepted: dict[tuple[int, int], list[int]]  # (n, d) -> accepted length of that tree on each step
-    copied: list[int] = field(default_factory=list)  # leading tokens of the step's lookup chain that match
-    rest_s: list[float] = field(default_factory=list)  # seconds of each step beyond its verify forward
-    lookup_s: list[float] = field(default_factory=list)  # seconds finding each step's chain
+    accepted: dict[tuple[int, int], list[int]]  # (n, d) -> what that tree accepts drafted from each position
+    copied: list[int] = field(default_factory=list)  # leading tokens of each position's lookup chain that match
+    ends: list[int] = field(default_factory=list)  # where each prompt's positions end in those lists
+    texts: list[torch.Tensor] = field(default_factory=list)  # each prompt and its greedy text [1, P + T]
+    rest_s: list[float] = field(default_factory=list)  # seconds of each position's commit (one token, head update)
+    lookup_s: list[float] = field(default_factory=list)  # seconds finding each position's chain
 
     @classmethod
     def over(cls, sizes: list[int], depths: list[int]) -> "Calibration":
         return cls(sizes, depths, {(n, d): [] for n in sizes for d in depths})
 
-    def decode(self, model, ids: torch.Tensor, steps: int, pause: Callable[[], None] = lambda: None):
-        """Up to `steps` calibration steps of one prompt [1, P], scoring every (n, d) and the chain on each;
-        stops after the step that emits an EOS: decoding ends there, so later steps would score text no
-        reply contains. Returns the last state."""
+    def decode(self, model, ids: torch.Tensor, positions: int, pause: Callable[[], None] = lambda: None):
+        """The greedy text of one prompt [1, P], a token at a time for up to `positions` positions, scoring
+        every (n, d) and the chain at each; stops after an EOS: decoding ends there, so later positions would
+        score text no reply contains. Returns the last state."""
         state, _ = model.prefill(ids)
-        contexts = []  # committed tokens before each step
-        for _ in range(steps):
+        contexts = []  # committed tokens at each position
+        for _ in range(positions):
             pause()
             contexts.append(state.ids.shape[1])
             state, seconds = _calibration_step(model, state, self.sizes, self.depths, self.accepted)
             self.rest_s.append(seconds)
-            if not model.eos_ids.isdisjoint(state.ids[0, contexts[-1]:].tolist()):
+            if int(state.ids[0, -1]) in model.eos_ids:
                 break
         _copied_lengths(state.ids[0].cpu(), contexts, self.copied, self.lookup_s)
+        self.ends.append(len(self.copied))
+        self.texts.append(state.ids)
         return state
 
 
@@ -201,7 +221,7 @@ def _grid(b: TreeBudget, draft: dict[tuple[int, int], float], first_depth: int) 
     """A row per (total_token, depth, lookup): expected tokens per step (tau), ms per step, tokens/s.
     draft: ms of drafting the tree of (n, d)."""
     def row(n, d, lookup, lengths, ms):
-        tau = chained_tau(lengths, b.copied, lookup)
+        tau = walk_tau(lengths, b.copied, b.ends, lookup)
         ms += b.rest_ms + (b.lookup_ms if lookup else 0.0)
         return {"total_token": n, "depth": d, "lookup": lookup, "tau": tau, "ms_per_step": ms,
                 "tokens_per_s": 1e3 * tau / ms}
@@ -216,10 +236,20 @@ def _grid(b: TreeBudget, draft: dict[tuple[int, int], float], first_depth: int) 
     return grid
 
 
-def chained_tau(accepted: list[int], copied: list[int], lookup: int) -> float:
-    """Mean tokens a step of a tree with a `lookup`-token chain accepts: on each calibration step the longer
-    of the tree's own accepted length and the root plus the chain's matching prefix."""
-    return statistics.fmean(max(a, 1 + min(c, lookup)) for a, c in zip(accepted, copied, strict=True))
+def walk_tau(accepted: list[int], copied: list[int], ends: list[int], lookup: int) -> float:
+    """Mean tokens a step of a tree with a `lookup`-token chain accepts, walking each calibration text as the
+    decoder would: from a position, the longer of the tree's own path (accepted[p], root and bonus included)
+    and the root plus the chain's matching prefix (1 + min(copied[p], lookup)), then past them.
+    ends: where each text's positions end. A chain carries a step through a copied stretch at once, so the
+    positions inside it are never a step's start: a mean over every position would count them."""
+    steps = start = 0
+    for end in ends:
+        position = start
+        while position < end:
+            position += max(accepted[position], 1 + min(copied[position], lookup))
+            steps += 1
+        start = end
+    return ends[-1] / steps if steps else 1.0
 
 
 def chain_lengths(n: int, widths) -> list[int]:
@@ -248,7 +278,7 @@ def choose(grid: list[dict], tolerance: float = TOLERANCE, max_lookup: int = LOO
     """The cheapest grid row whose expected tokens/s is within `tolerance` of the best, among the rows
     whose chain has at most max_lookup tokens; of equally cheap trees, the longest chain (it verifies
     within the same timed width, and the decoder merges it only where it pays)."""
-    grid = [r for r in grid if r.get("lookup", 0) <= max_lookup]
+    grid = [r for r in _timed(grid) if r.get("lookup", 0) <= max_lookup]
     best = max(r["tokens_per_s"] for r in grid)
     close = [r for r in grid if r["tokens_per_s"] >= (1 - tolerance) * best]
     return min(close, key=lambda r: (r["ms_per_step"], r["total_token"], r["depth"], -r.get("lookup", 0)))
@@ -307,27 +337,24 @@ def calibration_prompts(model) -> list[torch.Tensor]:
 
 
 def _calibration_step(model, state, sizes, depths, accepted) -> tuple[object, float]:
-    """Score every (n, d) on one step, then advance the greedy decoding.
-
-    Returns (state, seconds of the step beyond its verify forward)."""
-    tree, verify = score_trees(model, state, sizes, depths, accepted)
+    """Score every (n, d) at this position, then advance the greedy text by the root's own token, from the
+    same verify (a step that accepted no draft). Returns (state, seconds of that commit)."""
+    tree, verified, greedy = score_trees(model, state, sizes, depths, accepted)
     start = time.perf_counter()
-    state, _ = model.step(state, tree)
-    return state, time.perf_counter() - start - verify
+    state, _ = model.commit(state, tree, verified, torch.zeros(1, dtype=torch.long), int(greedy[0]))
+    return state, time.perf_counter() - start
 
 
-def score_trees(model, state, sizes, depths, accepted) -> tuple[Tree, float]:
+def score_trees(model, state, sizes, depths, accepted) -> tuple[Tree, object, torch.Tensor]:
     """Append to accepted[(n, d)] the length every tree of n nodes and depth <= d would accept from this state:
-    the largest pool verified in one target forward, its rows discarded after. Returns that pool's tree and the
-    verify's seconds."""
+    the largest pool verified in one target forward, its rows left in the target cache for the caller to
+    commit or discard. Returns that pool's tree, the verify's output and each node's greedy next token [N]."""
     tokens, scores, parents = model.draft_candidates(state, depths[-1])  # [M]
     kept = select_nodes(scores, parents, sizes[-1] - 1)
     tree = build_tree(torch.cat([state.root, tokens[kept]]), reindex_parents(kept, parents))
-    start = time.perf_counter()
-    logits = model.verify(state, tree).logits
-    verify = time.perf_counter() - start
-    model.discard(state)  # the caller's step verifies again
-    correct = _correct_candidates(tree, greedy_ids(logits).cpu(), kept, scores.numel())  # [M] bool
+    verified = model.verify(state, tree)
+    greedy = greedy_ids(verified.logits).cpu()  # [N]
+    correct = _correct_candidates(tree, greedy, kept, scores.numel())  # [M] bool
     depth = _depths(parents)  # [M]
     for d in depths:
         in_pool = (depth <= d).nonzero().flatten()
@@ -336,7 +363,7 @@ def score_trees(model, state, sizes, depths, accepted) -> tuple[Tree, float]:
             chosen = order[: n - 1]
             ok = correct[chosen]
             accepted[(n, d)].append(1 + (int(depth[chosen][ok].max()) if bool(ok.any()) else 0))
-    return tree, verify
+    return tree, verified, greedy
 
 
 def _correct_candidates(tree: Tree, best: torch.Tensor, kept: torch.Tensor, m: int) -> torch.Tensor:
@@ -404,4 +431,9 @@ def describe(budget: TreeBudget) -> str:
         r = max(chains, key=lambda r: r["tokens_per_s"])
         lines.append(f"  best with a lookup chain: n={r['total_token']} depth {r['depth']} lookup {r['lookup']} "
                      f"τ={r['tau']:.2f} {r['tokens_per_s']:.0f}/s")
+    timed = sorted((r for r in budget.grid if "parts_ms" in r), key=lambda r: -r["tokens_per_s"])
+    if timed:
+        lines.append("  timed as decoding (ms a step; the parts' sum): " + ", ".join(
+            f"{r['total_token']}/{r['depth']}+{r['lookup']} τ={r['tau']:.2f} {r['ms_per_step']:.1f} "
+            f"({r['parts_ms']:.1f}) {r['tokens_per_s']:.0f}/s" for r in timed))
     return "\n".join(lines)
