@@ -53,8 +53,8 @@ def time_shortlist(model, grid: list[dict], prompts: list[torch.Tensor], rounds:
     try:
         for round_ in range(rounds + 1):  # a warm-up round first: a row's first steps may compile a shape
             for key, r in short.items():
-                seconds = (_plain_seconds(model, prompts, pause) if r is plain else
-                           _step_seconds(model, saved.tuned(*key), prompts, pause))
+                seconds = (_step_seconds(prompts, model.plain.prefill, _plain_step(model), pause) if r is plain
+                           else _step_seconds(prompts, *_tree_step(model, saved.tuned(*key)), pause))
                 if round_:
                     fastest[key] = [min(a, b) for a, b in zip(fastest.get(key, seconds), seconds, strict=True)]
     finally:
@@ -76,40 +76,39 @@ def shortlist(grid: list[dict]) -> dict[tuple[int, int, int], dict]:
     for low, high in CHAIN_BANDS:
         band = sorted((r for r in trees if low <= r["lookup"] <= high), key=lambda r: -r["tokens_per_s"])
         short.update({_row_key(r): r for r in band[:SHORTLIST]})
-    for n, d, lookup in list(short):  # and each tree of those with its best chain: `picked` may attach it
+    # each tree among those without a chain, with its best chain too: `picked` may attach it
+    for n, d, _ in [key for key in short if not key[2]]:
         chained = [r for r in trees if (r["total_token"], r["depth"]) == (n, d) and r["lookup"]]
-        if not lookup and chained:
+        if chained:
             best = max(chained, key=lambda r: r["tokens_per_s"])
             short[_row_key(best)] = best
     return short
 
 
-def _step_seconds(model, settings, prompts: list[torch.Tensor], pause: Callable[[], None]) -> list[float]:
-    """Seconds of each of TIMED_STEPS decoding steps (draft and step) of each prompt, after its prefill
-    (`pause` before each)."""
-    model.settings, seconds = settings, []
-    for ids in prompts:
-        state, _ = model.prefill(ids)
-        for _ in range(TIMED_STEPS):
-            pause()
-            start = time.perf_counter()
-            state, _ = model.step(state, model.draft(state))
-            seconds.append(time.perf_counter() - start)
-    return seconds
-
-
-def _plain_seconds(model, prompts: list[torch.Tensor], pause: Callable[[], None]) -> list[float]:
-    """Seconds of each of TIMED_STEPS plain decoding steps (`naivegenerate`'s forward and greedy pick) of each
-    prompt, after its prefill (`pause` before each)."""
+def _step_seconds(prompts: list[torch.Tensor], begin: Callable, step: Callable,
+                  pause: Callable[[], None]) -> list[float]:
+    """Seconds of each of TIMED_STEPS decoding steps of each prompt: `state = begin(ids)` (a prefill,
+    untimed), then `state = step(state)` timed, `pause` before each."""
     seconds = []
     for ids in prompts:
-        logits = model.plain.prefill(ids)  # [V]
+        state = begin(ids)
         for _ in range(TIMED_STEPS):
             pause()
             start = time.perf_counter()
-            logits = model.plain(greedy_ids(logits[None]))
+            state = step(state)
             seconds.append(time.perf_counter() - start)
     return seconds
+
+
+def _tree_step(model, settings) -> tuple[Callable, Callable]:
+    """(begin, step) of tree decoding with these settings: the model's prefill, then draft and step."""
+    model.settings = settings
+    return (lambda ids: model.prefill(ids)[0]), (lambda state: model.step(state, model.draft(state))[0])
+
+
+def _plain_step(model) -> Callable:
+    """A plain decoding step (`naivegenerate`'s forward and greedy pick) from the last logits [V]."""
+    return lambda logits: model.plain(greedy_ids(logits[None]))
 
 
 def _row_key(r: dict) -> tuple[int, int, int]:
