@@ -9,7 +9,9 @@ arithmetic. This times those layers in the target's shapes (a weight of its own 
 none stays in cache) with torch's eager bf16 `F.linear` and with our kernel (`torch.ops.eagle.gemv_linear`,
 eagle/compiled/gemv.py, at any row count), beside the memory's read bandwidth (experiments/decode_roofline.py).
 Prints, per row count, each one's milliseconds and the GB/s at which it read the weights; checks the kernel's
-output against torch's. Rows past a few dozen are compute-bound, where ATen's blocking wins: the decoder's op
+output against torch's. `gemv_siblings` is the kernel over the same bytes with each layer's sibling linears (those
+reading the same input: q, k and v; gate and up) as one weight: four calls a layer instead of seven, which is what
+a graph pass joining them would buy. Rows past a few dozen are compute-bound, where ATen's blocking wins: the decoder's op
 hands them to ATen (`gemv.MAX_ROWS`).
 
 `--decode torch|gemv` times our compiled plain decoding instead (`EaModel.naivegenerate`, 64 greedy tokens of a
@@ -31,6 +33,7 @@ from transformers import AutoConfig
 from eagle.compiled import gemv
 from eagle.targets.resolve import resolve_target
 from evaluation.thread_teams import median_ms
+from data_prep.slot_attention import slot_shape
 from experiments.decode_roofline import linear_shapes, read_bandwidth
 
 
@@ -38,6 +41,16 @@ def layer_weights(config) -> list[torch.Tensor]:
     """One bf16 weight [out, in] per linear layer of a decode step (every layer's, and the lm_head)."""
     return [torch.randn(o, i, dtype=torch.bfloat16) * i**-0.5 for i, o, count in linear_shapes(config)
             for _ in range(count)]
+
+
+def sibling_weights(config) -> list[torch.Tensor]:
+    """The same layers with siblings joined: per layer qkv [q + 2 kv, H], o [H, q], gate_up [2 I, H], down [H, I];
+    then the lm_head."""
+    h, inter, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    _, kv_heads, dim = slot_shape(config)
+    q, kv = config.num_attention_heads * dim, kv_heads * dim
+    shapes = [(h, q + 2 * kv), (q, h), (h, 2 * inter), (inter, h)] * n + [(h, config.vocab_size)]
+    return [torch.randn(o, i, dtype=torch.bfloat16) * i**-0.5 for i, o in shapes]
 
 
 def step_ms(weights: list[torch.Tensor], rows: int, linear, rounds: int) -> float:
@@ -88,14 +101,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
         return []
     if gemv.kernel() is None:
         raise SystemExit("the GEMV kernel needs a CPU with AVX512-BF16 and a C++ compiler")
-    weights = layer_weights(AutoConfig.from_pretrained(resolve_target(args.target)))
+    config = AutoConfig.from_pretrained(resolve_target(args.target))
+    weights, siblings = layer_weights(config), sibling_weights(config)
     x = torch.randn(3, weights[0].shape[1], dtype=torch.bfloat16)
     torch.testing.assert_close(kernel_linear(x, weights[0]).float(), F.linear(x, weights[0]).float(), rtol=0.02, atol=0.02)
     size = sum(w.numel() * w.element_size() for w in weights)
+    assert size == sum(w.numel() * w.element_size() for w in siblings)
     bandwidth = read_bandwidth(args.rounds)
     out = []
     for rows in (int(r) for r in args.rows.split(",")):
-        ms = {"torch": step_ms(weights, rows, F.linear, args.rounds), "gemv": step_ms(weights, rows, kernel_linear, args.rounds)}
+        ms = {"torch": step_ms(weights, rows, F.linear, args.rounds), "gemv": step_ms(weights, rows, kernel_linear, args.rounds),
+              "gemv_siblings": step_ms(siblings, rows, kernel_linear, args.rounds)}
         out.append({"rows": rows, "threads": args.threads, "weights_mb": round(size / 1e6),
                     "read_gb_s": round(bandwidth / 1e9, 1), **{f"{k}_ms": round(v, 1) for k, v in ms.items()},
                     **{f"{k}_gb_s": round(size / v / 1e6, 1) for k, v in ms.items()}})

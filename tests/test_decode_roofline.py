@@ -17,6 +17,16 @@ def test_the_linear_shapes_are_every_weight_a_decode_step_multiplies():
     assert (model.config.hidden_size, model.config.vocab_size, 1) in shapes  # the lm_head, once a step
 
 
+def test_joined_siblings_are_the_same_weights_in_four_calls_a_layer():
+    from experiments import gemv_roofline
+
+    model = tiny_llama(layers=3)
+    weights = sum(m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    siblings = gemv_roofline.sibling_weights(model.config)
+    assert sum(w.numel() for w in siblings) == weights
+    assert len(siblings) == 4 * 3 + 1
+
+
 def test_attention_reads_every_cached_key_and_value_once_a_layer():
     config = tiny_llama(layers=3).config
     seconds, read = decode_roofline.attention_seconds(config, batch=2, context=5, dtype=torch.float32, rounds=1, kernel="bmm")

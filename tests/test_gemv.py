@@ -52,6 +52,19 @@ def test_a_row_comes_out_the_same_bits_alone_or_among_others():
 
 
 @needs_kernel
+def test_sibling_weights_joined_give_the_same_bits():
+    """q, k and v (or gate and up) as one weight [q + k + v, I]: each output is the same sum, so joining siblings
+    (what experiments/gemv_roofline.py times as `gemv_siblings`) cannot change a decoding."""
+    gemv.kernel()
+    torch.manual_seed(2)
+    for rows in (1, 3, 8):
+        x = _bf16(rows, 96)
+        parts = [_bf16(32, 96), _bf16(11, 96), _bf16(11, 96)]
+        joined = torch.ops.eagle.gemv_linear(x, torch.cat(parts), 64)
+        assert torch.equal(joined, torch.cat([torch.ops.eagle.gemv_linear(x, w, 64) for w in parts], dim=1))
+
+
+@needs_kernel
 def test_rows_past_the_limit_and_other_dtypes_take_atens_linear():
     gemv.kernel()
     torch.manual_seed(2)
