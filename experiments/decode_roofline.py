@@ -32,11 +32,16 @@ from eagle.targets.resolve import resolve_target
 from evaluation.thread_teams import median_ms
 
 
+def projection_widths(config) -> tuple[int, int]:
+    """(q, kv): the outputs of a layer's query projection and of each of its key and value projections."""
+    _, kv_heads, dim = slot_shape(config)
+    return config.num_attention_heads * dim, kv_heads * dim
+
+
 def linear_shapes(config) -> list[tuple[int, int, int]]:
     """(in, out, count) of every linear layer a decode step runs: q, k, v, o, gate, up, down per layer, lm_head."""
     h, inter, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    _, kv_heads, dim = slot_shape(config)
-    q, kv = config.num_attention_heads * dim, kv_heads * dim
+    q, kv = projection_widths(config)
     return [(h, q, n), (q, h, n), (h, kv, 2 * n), (h, inter, 2 * n), (inter, h, n), (h, config.vocab_size, 1)]
 
 

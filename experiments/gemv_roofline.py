@@ -33,24 +33,25 @@ from transformers import AutoConfig
 from eagle.compiled import gemv
 from eagle.targets.resolve import resolve_target
 from evaluation.thread_teams import median_ms
-from data_prep.slot_attention import slot_shape
-from experiments.decode_roofline import linear_shapes, read_bandwidth
+from experiments.decode_roofline import linear_shapes, projection_widths, read_bandwidth
+
+
+def random_weights(shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
+    """A random bf16 weight [out, in] for each (in, out)."""
+    return [torch.randn(o, i, dtype=torch.bfloat16) * i**-0.5 for i, o in shapes]
 
 
 def layer_weights(config) -> list[torch.Tensor]:
     """One bf16 weight [out, in] per linear layer of a decode step (every layer's, and the lm_head)."""
-    return [torch.randn(o, i, dtype=torch.bfloat16) * i**-0.5 for i, o, count in linear_shapes(config)
-            for _ in range(count)]
+    return random_weights([(i, o) for i, o, count in linear_shapes(config) for _ in range(count)])
 
 
 def sibling_weights(config) -> list[torch.Tensor]:
     """The same layers with siblings joined: per layer qkv [q + 2 kv, H], o [H, q], gate_up [2 I, H], down [H, I];
     then the lm_head."""
     h, inter, n = config.hidden_size, config.intermediate_size, config.num_hidden_layers
-    _, kv_heads, dim = slot_shape(config)
-    q, kv = config.num_attention_heads * dim, kv_heads * dim
-    shapes = [(h, q + 2 * kv), (q, h), (h, 2 * inter), (inter, h)] * n + [(h, config.vocab_size)]
-    return [torch.randn(o, i, dtype=torch.bfloat16) * i**-0.5 for i, o in shapes]
+    q, kv = projection_widths(config)
+    return random_weights([(h, q + 2 * kv), (q, h), (h, 2 * inter), (inter, h)] * n + [(h, config.vocab_size)])
 
 
 def step_ms(weights: list[torch.Tensor], rows: int, linear, rounds: int) -> float:
