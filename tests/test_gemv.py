@@ -3,6 +3,8 @@ fp32 ones over bf16-valued weights where it has AVX512F and no bf16 arithmetic."
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -129,6 +131,59 @@ def test_our_graphs_take_the_kernel_for_bf16_linears_only(monkeypatch):
 
 
 @needs_kernel
+def test_joined_siblings_take_one_call_each_over_the_models_own_storage(monkeypatch):
+    """q/k/v and gate/up joined (eagle/compiled/sibling_weights.py): 4 calls a layer, the same bits as 7, and the
+    graph's constants are the model's weights (a view reaching over the siblings, no copy)."""
+    from eagle.compiled import sibling_weights
+    from eagle.compiled.graph_cache import compile_options
+
+    monkeypatch.setenv("EAGLE_GEMV", "1")
+    ids = prompt(1, 6)
+    separate = tiny_llama(seed=4, dtype=torch.bfloat16)
+    joined = tiny_llama(seed=4, dtype=torch.bfloat16)
+    sibling_weights.join(joined)
+    logits = {}
+    for name, model in (("separate", separate), ("joined", joined)):
+        torch._dynamo.reset()
+        with torch._inductor.config.patch(fx_graph_cache=False, **compile_options(model)), torch.no_grad():
+            compiled = torch.compile(lambda i, m=model: m(input_ids=i).logits, fullgraph=True, dynamic=False)
+            logits[name] = compiled(ids)
+    assert torch.equal(logits["joined"], logits["separate"])
+    code = _compiled_code(lambda i: joined(input_ids=i).logits, ids, options=compile_options(joined))
+    assert _gemv_calls(code) == 9  # 2 layers x 4 + the lm_head
+    assert re.search(r"reinterpret_tensor\w*\(_frozen_param", code)  # a view of the model's own weight
+
+
+@needs_kernel
+def test_a_joined_graph_from_the_cache_reads_the_loading_models_own_weights(monkeypatch):
+    """A second model loads the graph from inductor's cache; the graph reads that model's storage (a weight
+    changed in place afterwards is seen), not a copy pickled with the graph."""
+    from torch._dynamo.utils import counters
+    from torch._inductor.utils import fresh_cache
+
+    from eagle.compiled import sibling_weights
+    from eagle.compiled.graph_cache import compile_options
+
+    monkeypatch.setenv("EAGLE_GEMV", "1")
+    ids = prompt(1, 6)
+    with fresh_cache(), torch.no_grad():
+        counters.clear()
+        for _ in range(2):
+            model = tiny_llama(seed=4, dtype=torch.bfloat16)
+            sibling_weights.join(model)
+            torch._dynamo.reset()
+            with torch._inductor.config.patch(**compile_options(model)):
+                compiled = torch.compile(lambda i, m=model: m(input_ids=i).logits, fullgraph=True, dynamic=False)
+                first = compiled(ids)
+        assert counters["inductor"]["fxgraph_cache_hit"] == 1
+        model.model.layers[1].self_attn.v_proj.weight.mul_(-1)  # the last block of a joined span
+        changed = compiled(ids)
+        eager = model(input_ids=ids).logits
+    assert not torch.equal(changed, first)
+    torch.testing.assert_close(changed.float(), eager.float(), rtol=0.05, atol=0.05)
+
+
+@needs_kernel
 def test_a_compiled_bf16_decoder_leaves_the_models_eager_forwards_alone(monkeypatch):
     """The target's modules stay as they are (HF generate and the eager runners keep ATen's matmuls); the compiled
     plain step's logits are close to eager ones; the tuner's cached budgets are keyed by the kernel."""
@@ -178,6 +233,7 @@ def test_fp32_graphs_read_bf16_valued_weights_as_bf16(monkeypatch, cpp_wrapper):
     """Under the fp32 kind a frozen fp32 weight whose values are all bf16 values (a bf16 checkpoint loaded in
     fp32) is read through its bf16 copy; other fp32 weights and unfrozen ones stay on ATen and the template;
     the graph's kernels called from Python or from C++ (graph_cache.cpp_wrapper_wanted)."""
+    from eagle.compiled import sibling_weights
     from eagle.compiled.graph_cache import compile_options
 
     monkeypatch.setattr(gemv, "cpu_flags", lambda: set(gemv.F32_FLAGS))
@@ -186,7 +242,9 @@ def test_fp32_graphs_read_bf16_valued_weights_as_bf16(monkeypatch, cpp_wrapper):
     ids = prompt(1, 6)
     exact = tiny_llama(seed=4, dtype=torch.bfloat16).float()
     other = tiny_llama(seed=4, dtype=torch.float32)
-    for model, expected in ((exact, 15), (other, 0)):  # 2 layers x 7 linears + the lm_head
+    joined = tiny_llama(seed=4, dtype=torch.bfloat16).float()
+    sibling_weights.join(joined)  # one bf16 copy of each joined span: 2 layers x 4 calls + the lm_head
+    for model, expected in ((exact, 15), (other, 0), (joined, 9)):  # 2 layers x 7 linears + the lm_head
         code = _compiled_code(lambda i: model(input_ids=i).logits, ids, options=compile_options(model))
         assert _gemv_calls(code) == expected
         assert ("cpp_wrapper_src" in code) == (cpp_wrapper == "1")  # a C++ wrapper's source in the module

@@ -27,7 +27,9 @@ ATen's matmuls. The reply engine (data_prep/batched_decoding.py) does not take i
 hundreds of rows, and a run of 256 conversations was no faster with it (docs/speed.md). The pass takes each
 matmul of a 2-D input by the transpose of a weight [O, I] (what `nn.Linear` without bias becomes): bf16 ones in
 the `bf16` kind; in the `f32` kind fp32 ones over frozen weights of bf16 values (other fp32 weights keep ATen's
-and the template's matmuls). Rows past MAX_ROWS take ATen's linear inside the op. A row's output does not depend
+and the template's matmuls). Sibling weights joined in one storage (each layer's q/k/v and gate/up:
+eagle/compiled/sibling_weights.py, done by the compiled target and head) take one call over their span, 4 calls
+a layer instead of 7. Rows past MAX_ROWS take ATen's linear inside the op. A row's output does not depend
 on the rows beside it, so a verify's rows equal a plain step's bit for bit; fp32 sums run in another order than
 ATen's, so an fp32 greedy decoding may part from eager decoding only at a near-tie. The kernel is built at a
 machine's first use (~20 s, eagle/common/native_build.py).
@@ -45,6 +47,7 @@ import torch
 
 from eagle.common.env_choice import env_choice
 from eagle.common.native_build import cpu_flags, optional_extension
+from eagle.compiled.sibling_weights import sibling_runs
 
 log = logging.getLogger("eagle")
 SOURCE = Path(__file__).resolve().parent / "csrc" / "gemv_bf16.cpp"
@@ -110,27 +113,22 @@ def rewrite_linears(graph: torch.fx.Graph) -> int:
     input, or a frozen constant, whose transpose freezing folds into a view of it) by
     `eagle::gemv_linear(x, w16, MAX_ROWS)`, in place: of the `kind()` "bf16", bf16 x and w (w16 = w); of "f32",
     fp32 x and a frozen fp32 w whose every value is a bf16 value (w16: its bf16 copy, a new constant of the
-    graph; the products are the same, the bytes read half), with the mm's own w^T for rows past MAX_ROWS. How
-    many were replaced."""
+    graph; the products are the same, the bytes read half), with the mm's own w^T for rows past MAX_ROWS.
+    Frozen weights of one x whose rows follow one another in one storage (siblings joined by
+    eagle/compiled/sibling_weights.py) take one call over the span of them, each mm then a slice of its
+    columns. How many mms were replaced."""
     which = kind()
+    dtype = torch.bfloat16 if which == "bf16" else torch.float32
+    order = {node: i for i, node in enumerate(graph.nodes)}
+    by_input: dict[torch.fx.Node, list[tuple[torch.fx.Node, torch.fx.Node]]] = {}
+    for node in graph.nodes:
+        weight = _weight(node, dtype)
+        if weight is not None:
+            by_input.setdefault(node.args[0], []).append((node, weight))
     count = 0
-    for node in list(graph.nodes):
-        weight = _weight(node, torch.bfloat16 if which == "bf16" else torch.float32)
-        if weight is not None and which == "f32":
-            weight = _bf16_constant(graph, node, weight)
-        if weight is None:
-            continue
-        with graph.inserting_before(node):
-            if weight is node.args[1]:  # w^T itself: its transpose is w, a view
-                weight = graph.call_function(aten.permute.default, (weight, [1, 0]))
-                weight.meta["val"] = _val(node.args[1]).t()
-            full = (node.args[1],) if which == "f32" else ()  # rows past MAX_ROWS: the graph's own fp32 w^T
-            args = (node.args[0], weight, MAX_ROWS[which], *full)
-            op = graph.call_function(torch.ops.eagle.gemv_linear.default, args)
-        op.meta.update(node.meta)
-        node.replace_all_uses_with(op)
-        graph.erase_node(node)
-        count += 1
+    for linears in by_input.values():
+        for run in _runs(linears):
+            count += _replace(graph, run, which, min((mm for mm, _, _ in run), key=order.__getitem__))
     graph.eliminate_dead_code()
     return count
 
@@ -152,24 +150,100 @@ def _weight(node: torch.fx.Node, dtype: torch.dtype) -> torch.fx.Node | None:
     return None
 
 
-def _bf16_constant(graph: torch.fx.Graph, node: torch.fx.Node, weight: torch.fx.Node) -> torch.fx.Node | None:
-    """A new frozen constant holding the bf16 copy of `weight` (a frozen fp32 w [O, I], or w^T's view), contiguous
-    [O, I], where every value of w is a bf16 value; None where one is not (or w is not a constant)."""
-    module = graph.owning_module
+def _runs(linears: list[tuple[torch.fx.Node, torch.fx.Node]]) -> list[list[tuple]]:
+    """The (mm, weight node) pairs of one input in runs of (mm, weight node, w [O, I] or None): frozen weights
+    whose rows follow one another in one storage share a run, in storage order; any other weight runs alone."""
+    loose, frozen = [], []
+    for mm, weight in linears:
+        w = _frozen_matrix(mm, weight)
+        (loose if w is None else frozen).append((mm, weight, w))
+    frozen.sort(key=lambda t: (t[2].untyped_storage().data_ptr(), t[2].storage_offset()))
+    runs = sibling_runs([w for _, _, w in frozen])
+    return [[entry] for entry in loose] + [[frozen[i] for i in run] for run in runs]
+
+
+def _frozen_matrix(mm: torch.fx.Node, weight: torch.fx.Node) -> torch.Tensor | None:
+    """The real w [O, I] behind `weight` (w, or w^T = the mm's own argument) where it is a frozen constant."""
+    module = mm.graph.owning_module
     if weight.op != "get_attr" or module is None:
         return None
     w = getattr(module, weight.target)
-    w = w if weight is not node.args[1] else w.t()  # [O, I]
+    return w if weight is not mm.args[1] else w.t()
+
+
+def _replace(graph: torch.fx.Graph, run: list[tuple], which: str, before: torch.fx.Node) -> int:
+    """One `eagle::gemv_linear` for the run's mms (inserted before `before`, the first of them in the graph),
+    each mm's uses then taking its columns of the output; how many mms were replaced (0: fp32 weights whose
+    values are not all bf16 values keep their mms)."""
+    mm, weight, w = run[0]
+    x = _val(mm.args[0])
+    with graph.inserting_before(before):
+        weight, w, full_t = _joined(graph, run, which) if len(run) > 1 else (weight, w, mm.args[1])
+        if which == "f32":
+            weight = _bf16_constant(graph, w, x) if w is not None else None
+            if weight is None:
+                return 0
+        elif weight is mm.args[1]:  # w^T itself: its transpose is w, a view
+            weight = graph.call_function(aten.permute.default, (weight, [1, 0]))
+            weight.meta["val"] = _val(mm.args[1]).t()
+        full = (full_t,) if which == "f32" else ()  # rows past MAX_ROWS: the graph's own fp32 w^T
+        op = graph.call_function(torch.ops.eagle.gemv_linear.default, (mm.args[0], weight, MAX_ROWS[which], *full))
+    op.meta.update(mm.meta)
+    op.meta["val"] = x.new_empty(x.shape[0], _val(weight).shape[0])  # [M, O] (O: the run's outputs together)
+    start = 0
+    for node, _, part in run:
+        use = op
+        if len(run) > 1:  # its columns of the joined output
+            with graph.inserting_before(node):
+                use = graph.call_function(aten.slice.Tensor, (op, 1, start, start + part.shape[0]))
+            use.meta.update(node.meta)
+            use.meta["val"] = op.meta["val"][:, start:start + part.shape[0]]  # [M, O_i]
+            start += part.shape[0]
+        node.replace_all_uses_with(use)
+        graph.erase_node(node)
+    return len(run)
+
+
+def _joined(graph: torch.fx.Graph, run: list[tuple], which: str) -> tuple:
+    """For a run of joined frozen weights: the node of their span [rows, I] (bf16 kind), that span's real tensor,
+    and (f32 kind) the node of its transpose [I, rows], the mm's w^T for rows past MAX_ROWS. Views of the
+    first weight's frozen constant reaching over the others: no new constant, the graph reads the model's own
+    storage."""
+    _, weight, first = run[0]
+    rows, inputs = sum(w.shape[0] for _, _, w in run), first.shape[1]
+    offset = first.storage_offset()
+    constant = graph.get_attr(weight.target)
+    constant.meta["val"] = _fake_like(getattr(graph.owning_module, weight.target), _val(run[0][0].args[0]))
+
+    def view(size: list[int], stride: list[int]) -> torch.fx.Node:
+        node = graph.call_function(aten.as_strided.default, (constant, size, stride, offset))
+        node.meta["val"] = constant.meta["val"].as_strided(size, stride, offset)
+        return node
+
+    span = first.as_strided((rows, inputs), (inputs, 1), offset)  # [rows, I]
+    if which == "f32":
+        return None, span, view([inputs, rows], [1, inputs])
+    return view([rows, inputs], [inputs, 1]), span, None
+
+
+def _bf16_constant(graph: torch.fx.Graph, w: torch.Tensor, like: torch.Tensor) -> torch.fx.Node | None:
+    """A new frozen constant holding the bf16 copy of w [O, I] (a frozen fp32 weight, or a span of joined ones),
+    contiguous, where every value of w is a bf16 value (None where one is not); faked as `like` is."""
     w16 = w.to(torch.bfloat16).contiguous()
     if not torch.equal(w16.float(), w):
         return None
-    name = f"{weight.target}_bf16"
+    module = graph.owning_module
+    name = f"_eagle_bf16_{sum(name.startswith('_eagle_bf16_') for name in module._buffers)}"
     module.register_buffer(name, w16, persistent=False)
-    with graph.inserting_before(node):
-        copy = graph.get_attr(name)
-    fake = _val(node.args[0])
-    copy.meta["val"] = fake.fake_mode.from_tensor(w16, static_shapes=True) if getattr(fake, "fake_mode", None) else w16
+    copy = graph.get_attr(name)
+    copy.meta["val"] = _fake_like(w16, like)
     return copy
+
+
+def _fake_like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`t` as a fake tensor of `like`'s fake mode, or `t` where `like` is real."""
+    mode = getattr(like, "fake_mode", None)
+    return mode.from_tensor(t, static_shapes=True) if mode is not None else t
 
 
 def _val(node) -> torch.Tensor | None:

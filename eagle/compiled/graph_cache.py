@@ -225,15 +225,17 @@ def weights_key(*modules: nn.Module, policy: str = "template", use_gemv: bool = 
 
 
 def weights_digest(module: nn.Module) -> str:
-    """Digest of a module's parameters and buffers: names, shapes, dtypes and a strided sample of up
-    to SAMPLE elements of each (any retraining or fine-tuning changes the samples). Computed once
-    per module object; weights changed in place afterwards are not seen."""
+    """Digest of a module's parameters and buffers: names, shapes, dtypes, where each lies in its storage (a
+    graph may read a joined weight's siblings through it) and a strided sample of up to SAMPLE elements of each
+    (any retraining or fine-tuning changes the samples). Computed once per module object; weights changed in
+    place afterwards are not seen."""
     if module not in _DIGESTS:
         h = hashlib.sha256()
         for name, t in [*module.named_parameters(), *module.named_buffers()]:
             flat = t.detach().reshape(-1)
             sample = flat[:: max(1, flat.numel() // SAMPLE)].cpu().contiguous()
-            h.update(f"{name}:{tuple(t.shape)}:{t.dtype}".encode())
+            layout = f"{t.storage_offset()}/{t.untyped_storage().nbytes()}"  # joined siblings: sibling_weights.py
+            h.update(f"{name}:{tuple(t.shape)}:{t.dtype}:{layout}".encode())
             h.update(sample.view(torch.uint8).numpy().tobytes() if sample.numel() else b"")
         _DIGESTS[module] = h.hexdigest()
     return _DIGESTS[module]

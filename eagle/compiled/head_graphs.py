@@ -39,7 +39,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from eagle.compiled.graph_cache import compiled_call, threads_match
+from eagle.compiled import gemv, sibling_weights
+from eagle.compiled.graph_cache import compiled_call, on_cpu, threads_match
 from eagle.compiled.target_graphs import bucket, padded_mask, pending_shapes
 from eagle.heads.draft_vocab import draft_log_probs
 from eagle.heads.eagle2 import KVCache
@@ -61,6 +62,8 @@ class CompiledHead:
 
     def __init__(self, head: nn.Module, scorer: nn.Module):
         self.head, self.scorer = head, scorer
+        if gemv.wanted() and on_cpu(head):  # its layer's q/k/v and gate/up: one GEMV call each in the graphs
+            sibling_weights.join(head)
         self._forward = torch.compile(self._head_rows, fullgraph=True, dynamic=False)
         self._scored = torch.compile(self._scored_rows, fullgraph=True, dynamic=False)
         self._eager = {self._forward: self._head_rows, self._scored: self._scored_rows}  # each graph's eager code

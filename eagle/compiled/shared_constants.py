@@ -12,7 +12,8 @@ Inside `sharing()`, every graph inductor builds or loads from its cache has its 
 replaced by an equal tensor (same dtype, shape and bytes, both contiguous) that an earlier graph
 holds, and on exit the generated modules' globals are pointed at the same tensors, so the copies
 are freed. Constants are read, never written, by the generated code: equal tensors are
-interchangeable there. Tensors are remembered weakly, so a freed graph's constants are not kept.
+interchangeable there, except a tensor that is part of a larger storage (a graph may read past its end), which
+keeps its own. Tensors are remembered weakly, so a freed graph's constants are not kept.
 On exit the memory the compile freed is also handed back to the system (`malloc_trim`).
 
     with sharing():
@@ -84,10 +85,16 @@ def _sharing_after(method):
 
 def _share_values(values: dict, assign) -> None:
     for name, value in list(values.items()):
-        if type(value) is torch.Tensor and value.nbytes >= MIN_BYTES and value.is_contiguous():
+        if type(value) is torch.Tensor and value.nbytes >= MIN_BYTES and value.is_contiguous() and _whole(value):
             kept = _shared(value)
             if kept is not value:
                 assign(name, kept)
+
+
+def _whole(t: torch.Tensor) -> bool:
+    """Whether `t` spans its whole storage. A part of a larger one (a weight joined with its siblings,
+    eagle/compiled/sibling_weights.py) may be read past its end by a graph, so it is never swapped for a copy."""
+    return t.storage_offset() == 0 and t.nbytes == t.untyped_storage().nbytes()
 
 
 def _shared(t: torch.Tensor) -> torch.Tensor:

@@ -59,7 +59,8 @@ from transformers import StaticCache
 
 from eagle.common.forward_lock import eager_forward, one_forward
 from eagle.common.profiled import profiled
-from eagle.compiled.graph_cache import compiled_call, threads_match
+from eagle.compiled import gemv, sibling_weights
+from eagle.compiled.graph_cache import compiled_call, on_cpu, threads_match
 from eagle.compiled.grouped_attention import GROUPED, grouped_sdpa_applies, install_grouped_sdpa
 from eagle.decoding.eager_target import prompt_forward
 from eagle.decoding.kv_commit import move_rows
@@ -121,8 +122,13 @@ class CompiledTarget:
     """A target's compiled forwards and its bucketed static KV cache; the cache a decode state holds
     (`DecodeState.target_cache`) is the runner itself."""
 
-    def __init__(self, target: nn.Module):
+    def __init__(self, target: nn.Module, join_siblings: bool | None = None):
+        """join_siblings: make each layer's q/k/v and gate/up weights one tensor each (same values), read by one
+        GEMV call each in the graphs (eagle/compiled/sibling_weights.py); None: where the GEMV runs (CPU weights)."""
         self.target = target
+        self.joined = join_siblings if join_siblings is not None else gemv.wanted() and on_cpu(target)
+        if self.joined:
+            sibling_weights.join(target)
         self._compiled = torch.compile(target.forward, fullgraph=True, dynamic=False)
         self.grouped = grouped_sdpa_applies(target)  # query heads of a key/value head attend as its rows
         if self.grouped:
