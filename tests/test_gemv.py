@@ -141,7 +141,7 @@ def test_joined_siblings_take_one_call_each_over_the_models_own_storage(monkeypa
     ids = prompt(1, 6)
     separate = tiny_llama(seed=4, dtype=torch.bfloat16)
     joined = tiny_llama(seed=4, dtype=torch.bfloat16)
-    sibling_weights.join(joined)
+    sibling_weights.join(joined, gemv.reads)
     logits = {}
     for name, model in (("separate", separate), ("joined", joined)):
         torch._dynamo.reset()
@@ -170,7 +170,7 @@ def test_a_joined_graph_from_the_cache_reads_the_loading_models_own_weights(monk
         counters.clear()
         for _ in range(2):
             model = tiny_llama(seed=4, dtype=torch.bfloat16)
-            sibling_weights.join(model)
+            sibling_weights.join(model, gemv.reads)
             torch._dynamo.reset()
             with torch._inductor.config.patch(**compile_options(model)):
                 compiled = torch.compile(lambda i, m=model: m(input_ids=i).logits, fullgraph=True, dynamic=False)
@@ -243,7 +243,7 @@ def test_fp32_graphs_read_bf16_valued_weights_as_bf16(monkeypatch, cpp_wrapper):
     exact = tiny_llama(seed=4, dtype=torch.bfloat16).float()
     other = tiny_llama(seed=4, dtype=torch.float32)
     joined = tiny_llama(seed=4, dtype=torch.bfloat16).float()
-    sibling_weights.join(joined)  # one bf16 copy of each joined span: 2 layers x 4 calls + the lm_head
+    sibling_weights.join(joined, gemv.reads)  # one bf16 copy of each joined span: 2 layers x 4 calls + the lm_head
     for model, expected in ((exact, 15), (other, 0), (joined, 9)):  # 2 layers x 7 linears + the lm_head
         code = _compiled_code(lambda i: model(input_ids=i).logits, ids, options=compile_options(model))
         assert _gemv_calls(code) == expected

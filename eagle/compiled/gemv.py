@@ -108,6 +108,17 @@ def _fake(x: torch.Tensor, w: torch.Tensor, max_rows: int, full: torch.Tensor | 
     return x.new_empty(*x.shape[:-1], w.shape[0])
 
 
+def reads(w: torch.Tensor) -> bool:
+    """Whether the pass gives a frozen weight w [O, I] on the CPU to the kernel in this process (`kind()`): bf16
+    in "bf16"; fp32 with bf16 values only in "f32"."""
+    which = kind()
+    if w.device.type != "cpu" or w.dim() != 2 or which is None:
+        return False
+    if which == "bf16":
+        return w.dtype == torch.bfloat16
+    return w.dtype == torch.float32 and torch.equal(w.detach().to(torch.bfloat16).float(), w.detach())
+
+
 def rewrite_linears(graph: torch.fx.Graph) -> int:
     """Replace every `mm(x, w^T)` of a 2-D x [M, I] by the transpose of a contiguous weight w [O, I] (a graph
     input, or a frozen constant, whose transpose freezing folds into a view of it) by

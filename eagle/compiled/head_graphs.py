@@ -27,7 +27,8 @@ calls of the head instead of four.
   features at the root, its own H-wide states deeper; the scorer reads all `rows`, the last row, or
   none), compiled at the first call (a few seconds each, inductor's cache in a second process);
   `compile_seconds` sums those first calls. Under `defer` a shape without a graph runs eagerly and
-  compiles between generations (`pending`, `prepare`: eagle/tuning/compile_ahead.py).
+  compiles between generations (`pending`, `prepare`: eagle/tuning/compile_ahead.py). Later calls
+  of a shape run its graph's code without dynamo's lookup (eagle/compiled/direct_call.py).
 """
 
 from __future__ import annotations
@@ -39,8 +40,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from eagle.compiled import gemv, sibling_weights
-from eagle.compiled.graph_cache import compiled_call, on_cpu, threads_match
+from eagle.compiled import direct_call, gemv, sibling_weights
+from eagle.compiled.graph_cache import compiled_call, threads_match
 from eagle.compiled.target_graphs import bucket, padded_mask, pending_shapes
 from eagle.heads.draft_vocab import draft_log_probs
 from eagle.heads.eagle2 import KVCache
@@ -62,11 +63,12 @@ class CompiledHead:
 
     def __init__(self, head: nn.Module, scorer: nn.Module):
         self.head, self.scorer = head, scorer
-        if gemv.wanted() and on_cpu(head):  # its layer's q/k/v and gate/up: one GEMV call each in the graphs
-            sibling_weights.join(head)
+        if gemv.active():  # its layer's q/k/v and gate/up: one GEMV call each in the graphs
+            sibling_weights.join(head, gemv.reads)
         self._forward = torch.compile(self._head_rows, fullgraph=True, dynamic=False)
         self._scored = torch.compile(self._scored_rows, fullgraph=True, dynamic=False)
         self._eager = {self._forward: self._head_rows, self._scored: self._scored_rows}  # each graph's eager code
+        self._direct: dict[tuple, object] = {}  # shape -> its graph's code (eagle/compiled/direct_call.py), or None
         self.compile_seconds = 0.0  # the first calls of each shape, summed
         self.shapes: set[tuple] = set()  # ("head", L, rows, feature width, scored rows) compiled so far
         self.threads = torch.get_num_threads()  # the model's: its graphs compile and run at it (threads_match)
@@ -147,11 +149,16 @@ class CompiledHead:
         if compiling and self.defer and not compile_now:
             self.missing.add(shape)
             return self._eager[fn](*args)
+        if self._direct.get(shape) is not None:  # its graph, without dynamo's lookup
+            return self._direct[shape](*args)
         if compiling:
             log.info("compiling the draft's %s for shape %s (once per process)", shape[0], shape[1:])
         start = time.perf_counter()
         with compiled_call(compiling, self.head, self.scorer, threads=self.threads):
+            before = direct_call.graphs(self._eager[fn]) if compiling else set()
             out = fn(*args)
+            if compiling:
+                self._direct[shape] = direct_call.newest(self._eager[fn], before)
         if compiling:
             self.shapes.add(shape)
             self.compile_seconds += time.perf_counter() - start

@@ -1,6 +1,6 @@
 """Each layer's sibling linear weights as row blocks of one tensor, so a compiled graph reads them in one GEMV.
 
-    join(target)                     # q/k/v and gate/up weights: views of one tensor per group, same values
+    join(target, gemv.reads)         # q/k/v and gate/up weights: views of one tensor per group, same values
     runs = sibling_runs(weights)     # in a graph: which weights (real tensors) sit back to back in one storage
 
 A decode step's linear layers are a few rows by a weight each, so each is one call of our GEMV kernel
@@ -22,25 +22,32 @@ sharing a storage as copies) see the same weights.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
 SIBLINGS = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # children of one module reading one input
 
 
-def join(model: nn.Module) -> int:
-    """Make each module's sibling linears' weights (`SIBLINGS`, all present, bias-free or not, of one dtype, device
-    and input width) consecutive row blocks of one new contiguous tensor [sum O, I], values unchanged. Groups
-    already joined are left alone. How many groups were joined."""
+def join(model: nn.Module, reads: Callable[[torch.Tensor], bool]) -> int:
+    """Make each module's sibling linears' weights (`SIBLINGS`: all present and bias-free, one dtype, device and
+    input width, each one `reads(weight)` accepts) consecutive row blocks of one new contiguous tensor
+    [sum O, I], values unchanged. Groups already joined are left alone. How many groups were joined.
+
+    `reads`: whether the graphs' GEMV pass takes a weight (eagle/compiled/gemv.py `reads`). Only those may be
+    joined: inductor's C++ GEMM template packs a frozen weight that starts inside a larger storage from the
+    wrong place (its outputs were wrong by up to 0.19 on a tiny fp32 model)."""
     count = 0
     with torch.no_grad():
         for module in model.modules():
             for names in SIBLINGS:
                 linears = [getattr(module, name, None) for name in names]
-                if not all(isinstance(linear, nn.Linear) for linear in linears):
+                if not all(isinstance(linear, nn.Linear) and linear.bias is None for linear in linears):
                     continue
                 weights = [linear.weight for linear in linears]
-                if not _joinable(weights) or len(sibling_runs(weights)[0]) == len(weights):
+                if (not _joinable(weights) or not all(map(reads, weights))
+                        or len(sibling_runs(weights)[0]) == len(weights)):
                     continue
                 joined = torch.cat([w.detach() for w in weights])  # [sum O, I]
                 start = 0

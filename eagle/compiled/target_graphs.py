@@ -31,7 +31,8 @@ spans about the context: over a 1,024-row cache for a 224-token context the gain
   their first call with `compile_options` (eagle/compiled/graph_cache.py: the C++ GEMM template's
   matmuls, cached on disk for the next process, keyed by the target's weights); under `defer`
   that call runs eagerly over the same cache and the shape compiles later, between generations
-  (`pending`, `prepare`: eagle/tuning/compile_ahead.py).
+  (`pending`, `prepare`: eagle/tuning/compile_ahead.py). Later calls of a shape run its graph's
+  code without dynamo's lookup (eagle/compiled/direct_call.py).
 - **The mask spans the whole bucket** [1, 1, rows, L]: committed rows visible, then the
   `visible` pattern (the tree's ancestors, or 1×1 for a plain step) over the new rows.
 - **Attention** (targets on HF's `sdpa`): the query heads sharing a key/value head attend as rows
@@ -59,8 +60,8 @@ from transformers import StaticCache
 
 from eagle.common.forward_lock import eager_forward, one_forward
 from eagle.common.profiled import profiled
-from eagle.compiled import gemv, sibling_weights
-from eagle.compiled.graph_cache import compiled_call, on_cpu, threads_match
+from eagle.compiled import direct_call, gemv, sibling_weights
+from eagle.compiled.graph_cache import compiled_call, threads_match
 from eagle.compiled.grouped_attention import GROUPED, grouped_sdpa_applies, install_grouped_sdpa
 from eagle.decoding.eager_target import prompt_forward
 from eagle.decoding.kv_commit import move_rows
@@ -124,11 +125,11 @@ class CompiledTarget:
 
     def __init__(self, target: nn.Module, join_siblings: bool | None = None):
         """join_siblings: make each layer's q/k/v and gate/up weights one tensor each (same values), read by one
-        GEMV call each in the graphs (eagle/compiled/sibling_weights.py); None: where the GEMV runs (CPU weights)."""
+        GEMV call each in the graphs (eagle/compiled/sibling_weights.py: weights the GEMV reads); None: where the
+        GEMV runs. Only where it runs: other graphs' matmuls must not see joined weights."""
         self.target = target
-        self.joined = join_siblings if join_siblings is not None else gemv.wanted() and on_cpu(target)
-        if self.joined:
-            sibling_weights.join(target)
+        if gemv.active() and join_siblings is not False:
+            sibling_weights.join(target, gemv.reads)
         self._compiled = torch.compile(target.forward, fullgraph=True, dynamic=False)
         self.grouped = grouped_sdpa_applies(target)  # query heads of a key/value head attend as its rows
         if self.grouped:
@@ -139,6 +140,7 @@ class CompiledTarget:
         self.defer = False  # True: a shape not compiled yet runs eagerly and waits in `missing` (see `prepare`)
         self.missing: set[tuple[int, int, bool]] = set()  # shapes run eagerly, to compile between generations
         self.reached = 0  # rows the latest forward filled (past + rows)
+        self._direct: dict[tuple[int, int, bool], object] = {}  # shape -> its graph's code (direct_call.py), or None
         self._caches: dict[int, StaticCache] = {}
         self.cache: StaticCache | None = None  # the bucket in use
 
@@ -252,6 +254,9 @@ class CompiledTarget:
         if compiling and self.defer and not compile_now:
             self.missing.add(shape)
             return eager_forward(self.target, **kwargs)
+        if self._direct.get(shape) is not None:  # its graph, without dynamo's lookup
+            with one_forward():
+                return self._direct[shape](**kwargs)
         if hidden:
             for name, dim in ROW_DIMS:
                 torch._dynamo.mark_dynamic(kwargs[name], dim, min=MIN_ROWS, max=MAX_ROWS)
@@ -260,7 +265,10 @@ class CompiledTarget:
             log.info("compiling the target's forward of %s over a %d-row cache (once per process)", what, self.size)
         start = time.perf_counter()
         with one_forward(), compiled_call(compiling, self.target, threads=self.threads):
+            before = direct_call.graphs(self.target.forward) if compiling else set()
             out = self._compiled(**kwargs)
+            if compiling:
+                self._direct[shape] = direct_call.newest(self.target.forward, before)
         if compiling:
             self.shapes.add(shape)
             self.compile_seconds += time.perf_counter() - start

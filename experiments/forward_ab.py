@@ -1,0 +1,128 @@
+"""`python -m experiments.forward_ab`: a compiled target's forwards with one of our changes and without it, in one
+process.
+
+    python -m experiments.forward_ab {joined,direct} [--base smollm2-135m-instruct] [--threads 2] [--rows 1,4,8]
+                                     [--rounds 20]
+
+- `joined`: each layer's sibling weights joined (q/k/v, gate/up read by one GEMV call each:
+  eagle/compiled/sibling_weights.py) against them apart: two copies of the target, one joined (as every
+  `CompiledTarget` is where the GEMV runs) and one not.
+- `direct`: a compiled shape's graph called directly (eagle/compiled/direct_call.py) against through dynamo's
+  lookup (`set_stance(skip_guard_eval_unsafe=True)`): one runner, its direct calls dropped for the second.
+
+Each side runs its compiled plain step and verify graph over a 256-row cache holding a 120-token prompt. Each
+round times 40 calls (after 5 untimed) of every forward of both sides in turn, so the machine's drift lands on
+both; prints each forward's median ms of a call over the rounds, and the median over rounds of with / without.
+The two sides' outputs are checked equal bit for bit first. The first run on a machine compiles the graphs
+(~5 min for two copies of the target); later runs take them from inductor's cache.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+from eagle.compiled import gemv
+from eagle.compiled.target_graphs import CompiledTarget
+from eagle.targets.resolve import load_target, resolve_target
+
+PROMPT = 120  # rows the cache holds before the timed forwards
+
+
+def sides(change: str, base: str) -> dict[str, tuple[CompiledTarget, Callable[[], None]]]:
+    """{"with": (runner, setup), "without": ...}: the runner each side calls, its cache holding the same prompt,
+    and what to do before a side's calls (`direct`: give the runner its direct calls, or take them away)."""
+    def runner(join: bool) -> CompiledTarget:
+        out = CompiledTarget(load_target(resolve_target(base), "bfloat16"), join_siblings=join)
+        out.prefill(_tokens(out, PROMPT, seed=0)[None], 32)
+        return out
+
+    if change == "joined":
+        return {"with": (runner(True), lambda: None), "without": (runner(False), lambda: None)}
+    shared, captured = runner(True), {}
+
+    def direct() -> None:
+        shared._direct = dict(captured)
+
+    def through_dynamo() -> None:
+        captured.update(shared._direct)
+        shared._direct = {}
+
+    return {"with": (shared, direct), "without": (shared, through_dynamo)}
+
+
+def forwards(runner: CompiledTarget, rows: list[int]) -> dict[str, Callable]:
+    """The plain step and a verify of each row count (a causal chain of seeded tokens) after the prompt."""
+    calls = {"plain": lambda: runner.plain_step(runner, torch.tensor([5]), PROMPT).float()}
+    for k in rows:
+        tokens = _tokens(runner, k, seed=k)  # [k]
+        positions = torch.arange(PROMPT, PROMPT + k)  # [k]
+        visible = torch.tril(torch.ones(k, k, dtype=torch.bool))  # [k, k]
+        calls[f"verify {k}"] = (lambda t=tokens, p=positions, v=visible:
+                                runner.forward(t, p, v, PROMPT, hidden=True).logits.float())
+    return calls
+
+
+def _tokens(runner: CompiledTarget, n: int, seed: int) -> torch.Tensor:
+    """n seeded token ids [n] of the target's vocabulary."""
+    return torch.randint(runner.target.config.vocab_size, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def timed(calls: dict[tuple[str, str], Callable], setups: dict[str, Callable], rounds: int) -> dict:
+    """ms a call of each (side, forward), one figure a round (5 untimed calls, then 40 timed)."""
+    spent = {key: [] for key in calls}
+    for _ in range(rounds):
+        for (side, what), call in calls.items():
+            setups[side]()
+            for _ in range(5):
+                call()
+            start = time.perf_counter()
+            for _ in range(40):
+                call()
+            spent[(side, what)].append((time.perf_counter() - start) / 40 * 1e3)
+    return spent
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(prog="python -m experiments.forward_ab", description=__doc__.splitlines()[0])
+    ap.add_argument("change", choices=("joined", "direct"))
+    ap.add_argument("--base", default="smollm2-135m-instruct")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rows", default="1,4,8", help="verify widths")
+    ap.add_argument("--rounds", type=int, default=20)
+    args = ap.parse_args(argv)
+    if args.change == "joined" and not gemv.active():
+        raise SystemExit("the GEMV kernel does not run on this CPU (EAGLE_GEMV, eagle/compiled/gemv.py): "
+                         "nothing is joined")
+    torch.set_num_threads(args.threads)
+    with torch.inference_mode():
+        pair = sides(args.change, args.base)
+        setups = {side: setup for side, (_, setup) in pair.items()}
+        calls = {(side, what): call for side, (runner, _) in pair.items()
+                 for what, call in forwards(runner, [int(r) for r in args.rows.split(",")]).items()}
+        names = list(dict.fromkeys(what for _, what in calls))
+        for what in names:
+            outputs = []
+            for side in pair:
+                setups[side]()
+                outputs.append(calls[(side, what)]())
+            if not torch.equal(*outputs):
+                raise SystemExit(f"{what}: the outputs with and without {args.change} differ")
+        spent = timed(calls, setups, args.rounds)
+    print(f"{args.change}: {args.threads} threads, {args.rounds} rounds; outputs equal bit for bit\n"
+          "| forward | with: ms | without: ms | with / without (median of rounds) |\n|---|---|---|---|")
+    result = {}
+    for what in names:
+        on, off = spent[("with", what)], spent[("without", what)]
+        ratio = statistics.median(a / b for a, b in zip(on, off))
+        result[what] = {"with_ms": statistics.median(on), "without_ms": statistics.median(off), "ratio": ratio}
+        print(f"| {what} | {result[what]['with_ms']:.2f} | {result[what]['without_ms']:.2f} | {ratio:.3f} |")
+    return result
+
+
+if __name__ == "__main__":
+    main()
