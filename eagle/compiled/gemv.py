@@ -109,14 +109,13 @@ def _fake(x: torch.Tensor, w: torch.Tensor, max_rows: int, full: torch.Tensor | 
 
 
 def reads(w: torch.Tensor) -> bool:
-    """Whether the pass gives a frozen weight w [O, I] on the CPU to the kernel in this process (`kind()`): bf16
-    in "bf16"; fp32 with bf16 values only in "f32"."""
-    which = kind()
-    if w.device.type != "cpu" or w.dim() != 2 or which is None:
+    """Whether this process's compiled graphs give a frozen weight w [O, I] on the CPU to the kernel (`active()`,
+    `kind()`): bf16 in "bf16"; fp32 with bf16 values only in "f32"."""
+    if w.device.type != "cpu" or w.dim() != 2 or not active():
         return False
-    if which == "bf16":
+    if kind() == "bf16":
         return w.dtype == torch.bfloat16
-    return w.dtype == torch.float32 and torch.equal(w.detach().to(torch.bfloat16).float(), w.detach())
+    return w.dtype == torch.float32 and _bf16_copy(w.detach()) is not None
 
 
 def rewrite_linears(graph: torch.fx.Graph) -> int:
@@ -240,8 +239,8 @@ def _joined(graph: torch.fx.Graph, run: list[tuple], which: str) -> tuple:
 def _bf16_constant(graph: torch.fx.Graph, w: torch.Tensor, like: torch.Tensor) -> torch.fx.Node | None:
     """A new frozen constant holding the bf16 copy of w [O, I] (a frozen fp32 weight, or a span of joined ones),
     contiguous, where every value of w is a bf16 value (None where one is not); faked as `like` is."""
-    w16 = w.to(torch.bfloat16).contiguous()
-    if not torch.equal(w16.float(), w):
+    w16 = _bf16_copy(w)
+    if w16 is None:
         return None
     module = graph.owning_module
     name = f"_eagle_bf16_{sum(name.startswith('_eagle_bf16_') for name in module._buffers)}"
@@ -249,6 +248,12 @@ def _bf16_constant(graph: torch.fx.Graph, w: torch.Tensor, like: torch.Tensor) -
     copy = graph.get_attr(name)
     copy.meta["val"] = _fake_like(w16, like)
     return copy
+
+
+def _bf16_copy(w: torch.Tensor) -> torch.Tensor | None:
+    """w's values as a contiguous bf16 tensor, where every one of them is a bf16 value; otherwise None."""
+    w16 = w.to(torch.bfloat16).contiguous()
+    return w16 if torch.equal(w16.float(), w) else None
 
 
 def _fake_like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

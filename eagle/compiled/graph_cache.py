@@ -57,9 +57,9 @@ def compiled_call(compiling: bool, *modules: nn.Module,
     `threads_match`). Later calls (of a shape the runner cannot call directly: eagle/compiled/direct_call.py)
     skip the options and guards: entering the options cost 40 µs a call (six calls a decode step), and the
     full guard checks 1-1.7 ms a target forward (272 parameters) while nothing they check changes between the
-    calls of a compiled shape (same module, dtype, cache tensors, inference mode). Dynamo then checks only the guards that tell this code
-    object's graphs apart (`skip_guard_eval_unsafe`), and refuses to compile a call (a RuntimeError,
-    not a graph silently compiled without our options). After a compile the new graph's packed
+    calls of a compiled shape (same module, dtype, cache tensors, inference mode). Dynamo then checks only the
+    guards that tell this code object's graphs apart (`skip_guard_eval_unsafe`), and refuses to compile a call
+    (a RuntimeError, not a graph silently compiled without our options). After a compile the new graph's packed
     weights are shared with earlier graphs' equal ones (eagle/compiled/shared_constants.py)."""
     if compiling:
         return _compiling(modules, threads)

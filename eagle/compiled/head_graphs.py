@@ -63,8 +63,7 @@ class CompiledHead:
 
     def __init__(self, head: nn.Module, scorer: nn.Module):
         self.head, self.scorer = head, scorer
-        if gemv.active():  # its layer's q/k/v and gate/up: one GEMV call each in the graphs
-            sibling_weights.join(head, gemv.reads)
+        sibling_weights.join(head, gemv.reads)  # its layer's q/k/v and gate/up: one GEMV call each in the graphs
         self._forward = torch.compile(self._head_rows, fullgraph=True, dynamic=False)
         self._scored = torch.compile(self._scored_rows, fullgraph=True, dynamic=False)
         self._eager = {self._forward: self._head_rows, self._scored: self._scored_rows}  # each graph's eager code
@@ -149,8 +148,9 @@ class CompiledHead:
         if compiling and self.defer and not compile_now:
             self.missing.add(shape)
             return self._eager[fn](*args)
-        if self._direct.get(shape) is not None:  # its graph, without dynamo's lookup
-            return self._direct[shape](*args)
+        direct = self._direct.get(shape)
+        if direct is not None:  # its graph, without dynamo's lookup
+            return direct(*args)
         if compiling:
             log.info("compiling the draft's %s for shape %s (once per process)", shape[0], shape[1:])
         start = time.perf_counter()

@@ -123,12 +123,11 @@ class CompiledTarget:
     """A target's compiled forwards and its bucketed static KV cache; the cache a decode state holds
     (`DecodeState.target_cache`) is the runner itself."""
 
-    def __init__(self, target: nn.Module, join_siblings: bool | None = None):
-        """join_siblings: make each layer's q/k/v and gate/up weights one tensor each (same values), read by one
-        GEMV call each in the graphs (eagle/compiled/sibling_weights.py: weights the GEMV reads); None: where the
-        GEMV runs. Only where it runs: other graphs' matmuls must not see joined weights."""
+    def __init__(self, target: nn.Module, join_siblings: bool = True):
+        """join_siblings: make each layer's q/k/v and gate/up weights one tensor each (same values) where the
+        graphs' GEMV reads them all, one call a group (eagle/compiled/sibling_weights.py, `gemv.reads`)."""
         self.target = target
-        if gemv.active() and join_siblings is not False:
+        if join_siblings:
             sibling_weights.join(target, gemv.reads)
         self._compiled = torch.compile(target.forward, fullgraph=True, dynamic=False)
         self.grouped = grouped_sdpa_applies(target)  # query heads of a key/value head attend as its rows
@@ -254,9 +253,10 @@ class CompiledTarget:
         if compiling and self.defer and not compile_now:
             self.missing.add(shape)
             return eager_forward(self.target, **kwargs)
-        if self._direct.get(shape) is not None:  # its graph, without dynamo's lookup
+        direct = self._direct.get(shape)
+        if direct is not None:  # its graph, without dynamo's lookup
             with one_forward():
-                return self._direct[shape](**kwargs)
+                return direct(**kwargs)
         if hidden:
             for name, dim in ROW_DIMS:
                 torch._dynamo.mark_dynamic(kwargs[name], dim, min=MIN_ROWS, max=MAX_ROWS)
