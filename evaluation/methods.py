@@ -97,11 +97,14 @@ class Bench:
         first token of a first reply, then to the end of its preparation, in `startup`."""
         start = time.perf_counter()
         model = EaModel.from_modules(self.target, head, self.tokenizer, settings, compile=compile)
+        warmup = model.warmup  # its error, once it ends: the bench times no eager stand-in for a compiled decoder
         ids = calibration_prompts(model)[0]  # a chat prompt (random ids without a tokenizer)
         next(iter(model.naive_generate(ids, max_new_tokens=1) if method.startswith("naive")
                   else model.ea_generate(ids, max_new_tokens=1)))
         first = time.perf_counter() - start
         model.wait_ready()
+        if warmup is not None and warmup.error is not None:
+            raise RuntimeError(f"{method}: {warmup.failure}: {warmup.error!r}")
         model.compile_ahead = False  # a longer prompt's graphs compile at their first call, timed apart (`run`)
         self.startup[method] = {"first_token_s": round(first, 2), "ready_s": round(time.perf_counter() - start, 1)}
         return model

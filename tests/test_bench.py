@@ -151,3 +151,22 @@ def test_rounding_measures_gap_errors_in_bf16_steps():
     rounded = torch.tensor([[20.0, 20.0, 0.0], [3.0, 1.0, 0.5]])  # bf16 tied the first pair
     error, gap = gap_errors(exact, rounded)  # steps: 0.125 at 16-32, 0.015625 at 2-4
     assert torch.allclose(error, torch.tensor([0.8, 0.0])) and torch.allclose(gap, torch.tensor([0.8, 128.0]))
+
+
+def test_a_decoder_whose_compile_fails_stops_the_bench_instead_of_timing_its_eager_stand_in(monkeypatch):
+    """The background preparation of a compiled method fails: the bench says which method and why, and times
+    nothing (the decoder would otherwise keep decoding eagerly under the compiled method's name)."""
+    import pytest
+
+    from eagle.tuning.warmup import Warmup
+    from eagle.decoding.settings import TreeSettings
+    from evaluation.methods import Bench
+    from tests.tiny import near_bigram_pair
+
+    def broken(self):
+        raise RuntimeError("no graph for you")
+
+    monkeypatch.setattr(Warmup, "_compile", broken)
+    target, head = near_bigram_pair(5)
+    with pytest.raises(RuntimeError, match=r"eagle2: background preparation failed.*no graph for you"):
+        Bench(target, None, {"eagle2": head}, ["eagle2"], settings=TreeSettings(total_token=4, depth=2, top_k=2))

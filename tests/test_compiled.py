@@ -17,7 +17,7 @@ from eagle.decoding.eager_target import EagerTarget
 from eagle.decoding.runners import HeadRunner, TargetRunner
 from eagle.decoding.settings import TreeSettings
 from eagle.decoding.tree import build_tree
-from tests.tiny import FIXED, TREES, hf_greedy, near_bigram_pair, prompt, random_head, tiny_llama
+from tests.tiny import FIXED, TREES, hf_greedy, near_bigram_pair, prompt, random_eagle3_head, random_head, tiny_llama
 
 
 def test_buckets_double_from_256():
@@ -171,3 +171,18 @@ def test_graphs_called_at_another_thread_count_decode_eagerly_and_say_so_once(ca
             "count is set back (torch.set_num_threads(2)) or the model is loaded again") == 1
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("kind", ["eagle2", "eagle3"])
+def test_compiled_decoding_through_the_gemm_template_equals_hf_generate(kind, monkeypatch):
+    """Graphs whose matmuls take inductor's C++ GEMM template (fp32 weights the GEMV does not read: every matmul
+    on a CPU without AVX512, the default `EAGLE_MATMULS=template`) compile and decode HF's greedy tokens. The
+    head's scored graph once failed to compile there (the template fused the residual add and the scorer's row
+    gather into one epilogue of other ranks: inductor's "wrong ndim"), and decoding fell back to eager."""
+    monkeypatch.setenv("EAGLE_MATMULS", "template")
+    target = tiny_llama(seed=3)
+    head = random_eagle3_head(target) if kind == "eagle3" else random_head(target, seed=4)
+    model = EaModel(target, head, settings=TreeSettings(total_token=4, depth=2, top_k=2, lookup=0), compile=True)
+    ids = prompt(0, 12)
+    assert torch.equal(model.eagenerate(ids, max_new_tokens=12), hf_greedy(target, ids, 12))
+    assert model.drafter.compiled.shapes and model.compiled.shapes

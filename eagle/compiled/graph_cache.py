@@ -130,6 +130,11 @@ def compile_options(*modules: nn.Module) -> dict:
 
     Without the template hook (`install_template_gemm`) graphs keep oneDNN prepacking, uncached.
 
+    `epilogue_fusion` off: no pointwise work fused into the template's output loop. Fused, a head graph whose
+    residual add also fed the scorer's row gather failed to compile ("wrong ndim": the template wrote both with
+    its own 2-D index), so on CPUs without our GEMV the draft head decoded eagerly. Unfused, the target's
+    forwards give the same bits in the same time (fp32, AVX2, 2 threads: 0.98-1.00x; docs/speed.md).
+
     `cpp_wrapper` (`cpp_wrapper_wanted`): a graph over CPU weights calls its kernels from generated C++
     instead of Python; a forward is hundreds of small kernels, whose Python calls and allocations cost
     milliseconds. On a 2-core AVX512F Xeon (fp32) a compiled forward of 1 / 4 rows takes 0.89x / 0.82x as long
@@ -138,7 +143,7 @@ def compile_options(*modules: nn.Module) -> dict:
     policy = matmuls_policy()
     if on_cpu(*modules):  # before the trace, which asks whether the kernel is there
         attention_kernel.ensure_built()
-    options = {"freezing": True, "cpp_wrapper": cpp_wrapper_wanted(*modules),
+    options = {"freezing": True, "cpp_wrapper": cpp_wrapper_wanted(*modules), "epilogue_fusion": False,
                **weights_key(*modules, policy=policy, use_gemv=gemv.active())}
     if policy != "aten":
         options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
