@@ -1,48 +1,69 @@
 """`python -m experiments.forward_ab`: a compiled target's forwards with one of our changes and without it, in one
 process.
 
-    python -m experiments.forward_ab {joined,direct} [--base smollm2-135m-instruct] [--threads 2] [--rows 1,4,8]
-                                     [--rounds 20]
+    python -m experiments.forward_ab {joined,direct,epilogue,gemv} [--base smollm2-135m-instruct] [--dtype auto]
+                                     [--threads 2] [--rows 1,4,8] [--rounds 20]
 
 - `joined`: each layer's sibling weights joined (q/k/v, gate/up read by one GEMV call each:
   eagle/compiled/sibling_weights.py) against them apart: two copies of the target, one joined (as every
   `CompiledTarget` is where the GEMV runs) and one not.
 - `direct`: a compiled shape's graph called directly (eagle/compiled/direct_call.py) against through dynamo's
   lookup (`set_stance(skip_guard_eval_unsafe=True)`): one runner, its direct calls dropped for the second.
+- `epilogue`: graphs compiled without the GEMM template's epilogue fusion (eagle/compiled/graph_cache.py
+  `compile_options`) against with it: two copies of the target, the second compiled with fusion on. Only graphs
+  whose matmuls take the template differ (every matmul on a CPU without our GEMV: AVX2, fp32).
+- `gemv`: graphs whose linear layers take our GEMV (eagle/compiled/gemv.py, `EAGLE_GEMV=auto`) against graphs
+  compiled with `EAGLE_GEMV=0`: two copies of the target, the second never joined. Its sums run in another order,
+  so the outputs agree to rounding, not bit for bit.
 
 Each side runs its compiled plain step and verify graph over a 256-row cache holding a 120-token prompt. Each
 round times 40 calls (after 5 untimed) of every forward of both sides in turn, so the machine's drift lands on
 both; prints each forward's median ms of a call over the rounds, and the median over rounds of with / without.
-The two sides' outputs are checked equal bit for bit first. The first run on a machine compiles the graphs
+The two sides' outputs are checked equal bit for bit first (`gemv`: to fp32 rounding). The first run on a machine compiles the graphs
 (~5 min for two copies of the target); later runs take them from inductor's cache.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
 
 import torch
 
-from eagle.compiled import gemv
+from eagle.common.precision import fast_dtype
+from eagle.compiled import gemv, graph_cache
 from eagle.compiled.target_graphs import CompiledTarget
 from eagle.targets.resolve import load_target, resolve_target
 
 PROMPT = 120  # rows the cache holds before the timed forwards
+OURS = graph_cache.compile_options  # the options our graphs compile with
 
 
-def sides(change: str, base: str) -> dict[str, tuple[CompiledTarget, Callable[[], None]]]:
+def sides(change: str, base: str, dtype: str = "bfloat16") -> dict[str, tuple[CompiledTarget, Callable[[], None]]]:
     """{"with": (runner, setup), "without": ...}: the runner each side calls, its cache holding the same prompt,
-    and what to do before a side's calls (`direct`: give the runner its direct calls, or take them away)."""
+    and what to do before a side's calls (`direct`: give the runner its direct calls, or take them away;
+    `epilogue`: the compile options its graphs compile with, at their first calls)."""
     def runner(join: bool) -> CompiledTarget:
-        out = CompiledTarget(load_target(resolve_target(base), "bfloat16"), join_siblings=join)
+        out = CompiledTarget(load_target(resolve_target(base), dtype), join_siblings=join)
         out.prefill(_tokens(out, PROMPT, seed=0)[None], 32)
         return out
 
     if change == "joined":
         return {"with": (runner(True), lambda: None), "without": (runner(False), lambda: None)}
+    if change == "gemv":
+        def policy(value: str) -> Callable[[], None]:
+            return lambda: os.environ.__setitem__("EAGLE_GEMV", value)
+
+        return {"with": (runner(True), policy("auto")), "without": (runner(False), policy("0"))}
+    if change == "epilogue":
+        def fused(*modules) -> dict:
+            return {**OURS(*modules), "epilogue_fusion": True}
+
+        return {"with": (runner(True), lambda: setattr(graph_cache, "compile_options", OURS)),
+                "without": (runner(True), lambda: setattr(graph_cache, "compile_options", fused))}
     shared, captured = runner(True), {}
 
     def direct() -> None:
@@ -89,31 +110,25 @@ def timed(calls: dict[tuple[str, str], Callable], setups: dict[str, Callable], r
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m experiments.forward_ab", description=__doc__.splitlines()[0])
-    ap.add_argument("change", choices=("joined", "direct"))
+    ap.add_argument("change", choices=("joined", "direct", "epilogue", "gemv"))
     ap.add_argument("--base", default="smollm2-135m-instruct")
+    ap.add_argument("--dtype", default="auto", help="auto: bf16 where the CPU has bf16 arithmetic, else fp32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rows", default="1,4,8", help="verify widths")
     ap.add_argument("--rounds", type=int, default=20)
     args = ap.parse_args(argv)
-    if args.change == "joined" and not gemv.active():
+    if args.change in ("joined", "gemv") and not gemv.active():
         raise SystemExit("the GEMV kernel does not run on this CPU (EAGLE_GEMV, eagle/compiled/gemv.py): "
-                         "nothing is joined")
+                         f"nothing to compare ({args.change})")
     torch.set_num_threads(args.threads)
+    policy = os.environ.get("EAGLE_GEMV")
     with torch.inference_mode():
-        pair = sides(args.change, args.base)
-        setups = {side: setup for side, (_, setup) in pair.items()}
-        calls = {(side, what): call for side, (runner, _) in pair.items()
-                 for what, call in forwards(runner, [int(r) for r in args.rows.split(",")]).items()}
-        names = list(dict.fromkeys(what for _, what in calls))
-        for what in names:
-            outputs = []
-            for side in pair:
-                setups[side]()
-                outputs.append(calls[(side, what)]())
-            if not torch.equal(*outputs):
-                raise SystemExit(f"{what}: the outputs with and without {args.change} differ")
-        spent = timed(calls, setups, args.rounds)
-    print(f"{args.change}: {args.threads} threads, {args.rounds} rounds; outputs equal bit for bit\n"
+        try:
+            spent, names, agree = _measured(args)
+        finally:
+            graph_cache.compile_options = OURS  # `epilogue` swaps it while a side compiles, `gemv` the policy
+            os.environ.pop("EAGLE_GEMV", None) if policy is None else os.environ.__setitem__("EAGLE_GEMV", policy)
+    print(f"{args.change}: {args.threads} threads, {args.rounds} rounds; {agree}\n"
           "| forward | with: ms | without: ms | with / without (median of rounds) |\n|---|---|---|---|")
     result = {}
     for what in names:
@@ -122,6 +137,27 @@ def main(argv: list[str] | None = None) -> dict:
         result[what] = {"with_ms": statistics.median(on), "without_ms": statistics.median(off), "ratio": ratio}
         print(f"| {what} | {result[what]['with_ms']:.2f} | {result[what]['without_ms']:.2f} | {ratio:.3f} |")
     return result
+
+
+def _measured(args) -> tuple[dict, list[str], str]:
+    """Both sides' forwards checked equal bit for bit (`gemv`: close), then timed: ({(side, forward): ms a
+    round}, forwards, how the outputs agree)."""
+    pair = sides(args.change, args.base, fast_dtype(args.dtype))
+    setups = {side: setup for side, (_, setup) in pair.items()}
+    calls = {(side, what): call for side, (runner, _) in pair.items()
+             for what, call in forwards(runner, [int(r) for r in args.rows.split(",")]).items()}
+    names = list(dict.fromkeys(what for _, what in calls))
+    gap = 0.0
+    for what in names:
+        outputs = []
+        for side in pair:
+            setups[side]()
+            outputs.append(calls[(side, what)]())
+        gap = max(gap, (outputs[0] - outputs[1]).abs().max().item())
+        if gap > (1e-2 if args.change == "gemv" else 0):
+            raise SystemExit(f"{what}: the outputs with and without {args.change} differ by {gap:g}")
+    agree = "outputs equal bit for bit" if gap == 0 else f"outputs differ by at most {gap:.2g}"
+    return timed(calls, setups, args.rounds), names, agree
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
 """experiments/forward_ab.py: a compiled target's forwards with one of our changes and without it (sibling weights
-joined; graphs called directly), timed in one process, on a tiny model."""
+joined; graphs called directly; the GEMM template's epilogue fusion off; our GEMV), timed in one process, on a tiny
+model."""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 import torch
 
 from eagle.common.native_build import cpu_flags
+from eagle.compiled import gemv
 from experiments import forward_ab
 from tests.tiny import tiny_llama
 
@@ -22,3 +26,32 @@ def test_forwards_with_and_without_a_change_are_timed_side_by_side(monkeypatch, 
     assert set(result) == {"plain", "verify 3"}
     assert all(r["with_ms"] > 0 and r["without_ms"] > 0 and r["ratio"] > 0 for r in result.values())
     assert "outputs equal bit for bit" in capsys.readouterr().out
+
+
+def test_graphs_with_and_without_the_templates_epilogue_fusion_are_timed_side_by_side(monkeypatch, capsys):
+    """`epilogue`: fp32 graphs whose matmuls take the GEMM template, compiled with our options and with the
+    template's epilogue fusion on; same bits, and the options our graphs compile with are ours again after."""
+    monkeypatch.setenv("EAGLE_MATMULS", "template")
+    monkeypatch.setattr(forward_ab, "resolve_target", lambda base: base)
+    monkeypatch.setattr(forward_ab, "load_target", lambda path, dtype: tiny_llama(seed=5, dtype=dtype))
+    monkeypatch.setattr(forward_ab, "PROMPT", 12)
+    result = forward_ab.main(["epilogue", "--dtype", "float32", "--threads", str(torch.get_num_threads()),
+                              "--rows", "3", "--rounds", "1"])
+    assert set(result) == {"plain", "verify 3"} and "outputs equal bit for bit" in capsys.readouterr().out
+    assert forward_ab.graph_cache.compile_options is forward_ab.OURS
+    assert forward_ab.OURS()["epilogue_fusion"] is False
+
+
+@pytest.mark.skipif(not gemv.f32_capable(cpu_flags()), reason="the fp32 kind needs AVX512F or AVX2")
+def test_graphs_with_and_without_the_gemv_are_timed_side_by_side(monkeypatch, capsys):
+    """`gemv`: fp32 graphs over bf16-valued weights through the kernel's fp32 kind against `EAGLE_GEMV=0` ones;
+    the outputs agree to rounding, and the process's EAGLE_GEMV is what it was after."""
+    monkeypatch.setattr(gemv, "cpu_flags", lambda: set(gemv.F32_FLAGS))
+    monkeypatch.setenv("EAGLE_GEMV", "auto")
+    monkeypatch.setattr(forward_ab, "resolve_target", lambda base: base)
+    monkeypatch.setattr(forward_ab, "load_target", lambda path, dtype: tiny_llama(seed=5, dtype=torch.bfloat16).float())
+    monkeypatch.setattr(forward_ab, "PROMPT", 12)
+    result = forward_ab.main(["gemv", "--dtype", "float32", "--threads", str(torch.get_num_threads()),
+                              "--rows", "3", "--rounds", "1"])
+    assert set(result) == {"plain", "verify 3"} and "outputs" in capsys.readouterr().out
+    assert os.environ["EAGLE_GEMV"] == "auto"

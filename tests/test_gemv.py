@@ -1,5 +1,5 @@
 """eagle/compiled/gemv.py: linear layers through our GEMV kernel (EAGLE_GEMV): bf16 ones where the CPU has AVX512-BF16,
-fp32 ones over bf16-valued weights where it has AVX512F and no bf16 arithmetic."""
+fp32 ones over bf16-valued weights where it has AVX512F, or AVX2 and FMA, and no bf16 arithmetic."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from eagle.model import EaModel
 from tests.tiny import FIXED, hf_greedy, prompt, random_eagle3_head, tiny_llama
 
 needs_kernel = pytest.mark.skipif("avx512_bf16" not in cpu_flags(), reason="the kernel needs AVX512-BF16")
-needs_f32_kernel = pytest.mark.skipif(not gemv.F32_FLAGS <= cpu_flags(), reason="the fp32 kind needs AVX512F/BW/VL")
+needs_f32_kernel = pytest.mark.skipif(not gemv.f32_capable(cpu_flags()), reason="the fp32 kind needs AVX512F or AVX2")
 
 
 # (rows, inputs, outputs): row counts through one pass (4 or 3 output rows at a time) and two, inputs not a
@@ -80,10 +80,11 @@ def test_rows_past_the_limit_and_other_dtypes_take_atens_linear():
 @pytest.mark.parametrize(("flags", "choice", "expected"), [
     ({"avx512_bf16"}, "auto", True), ({"avx512_bf16", "amx_bf16"}, "auto", False),
     ({"avx512_bf16", "amx_bf16"}, "1", True), ({"avx512_bf16"}, "0", False), (set(), "1", False),
-    (gemv.F32_FLAGS, "auto", True), (gemv.F32_FLAGS, "0", False), ({"avx512f", "avx2"}, "auto", False)])
+    (gemv.F32_FLAGS, "auto", True), (gemv.F32_FLAGS, "0", False), ({"avx512f", "avx2"}, "auto", False),
+    (gemv.AVX2_FLAGS, "auto", True), ({"avx2"}, "auto", False)])
 def test_the_kernel_is_wanted_without_amx_unless_told(monkeypatch, flags, choice, expected):
     """Default `auto`: on with AVX512-BF16 and no AMX (where oneDNN's AMX path beat a kernel of this kind), and in
-    its fp32 kind on AVX512F/BW/VL without bf16 arithmetic."""
+    its fp32 kind on AVX512F/BW/VL, or AVX2 with FMA, without bf16 arithmetic."""
     monkeypatch.setattr(gemv, "cpu_flags", lambda: flags)
     monkeypatch.setenv("EAGLE_GEMV", choice)
     assert gemv.wanted() is expected

@@ -11,14 +11,15 @@ rows at a time, up to eight input rows against them as the weights stream in) re
 - `bf16`: bf16 rows. On a Zen 4 CPU (AVX512-BF16, no AMX) inductor's C++ GEMM template and ATen's linear read
   the weights at 15-19 GB/s of the ~40 the memory streams, the kernel at ~30 (docs/speed.md). On a CPU with AMX a
   kernel of this kind lost to oneDNN inside the compiled forward (docs/findings.md).
-- `f32`: fp32 rows, where the CPU has AVX512F but no bf16 arithmetic and decoding therefore runs in fp32
+- `f32`: fp32 rows, where the CPU has AVX512F (16 lanes a register), or AVX2 and FMA (8), but no bf16 arithmetic
+  and decoding therefore runs in fp32
   (eagle/common/precision.py). A weight whose every value is a bf16 value (a bf16 checkpoint loaded in fp32, as
   most are) is read through a bf16 copy, each value widened to fp32 in a register: the same products as the fp32
   model's, from half the bytes. On a 2-core AVX512F Xeon (12.6 GB/s) the compiled fp32 forward of 1 / 4 / 16
   rows took 37.6 / 47.0 / 117.2 ms against the template's 52.2 / 72.3 / 139.9 (docs/speed.md).
 
 `EAGLE_GEMV=auto` (the default) takes the kind the CPU has: `bf16` with AVX512-BF16 and no AMX, `f32` with
-AVX512F/BW/VL and no AVX512-BF16; `EAGLE_GEMV=1`: `bf16` wherever the CPU has AVX512-BF16 (AMX included);
+AVX512F/BW/VL, or AVX2/FMA, and no AVX512-BF16; `EAGLE_GEMV=1`: `bf16` wherever the CPU has AVX512-BF16 (AMX included);
 `EAGLE_GEMV=0`: off.
 
 Only our compiled graphs change (eagle/compiled/graph_cache.py runs `rewrite_linears` as their post-grad pass):
@@ -53,7 +54,8 @@ log = logging.getLogger("eagle")
 SOURCE = Path(__file__).resolve().parent / "csrc" / "gemv_bf16.cpp"
 MAX_ROWS = {"bf16": 32, "f32": 16}  # rows up to which each kind runs (bf16: it and ATen tie at 32 on a Zen 4 CPU;
 # f32: 2.3x ATen's fp32 linear at 16 rows on an AVX512F Xeon, 1.3x at 32); more take ATen's linear
-F32_FLAGS = {"avx512f", "avx512bw", "avx512vl"}  # what the fp32 kind's widening loads need
+F32_FLAGS = {"avx512f", "avx512bw", "avx512vl"}  # the fp32 kind's 16-lane form: masked widening loads
+AVX2_FLAGS = {"avx2", "fma"}  # its 8-lane form, on CPUs without AVX512
 CHOICES = ("auto", "1", "0")  # EAGLE_GEMV
 aten = torch.ops.aten
 _BUILDING = threading.Lock()
@@ -67,14 +69,20 @@ def policy() -> str:
 def kind() -> str | None:
     """Which linear layers this process's compiled graphs give the kernel (`policy`, this CPU's instruction sets):
     "bf16" (bf16 rows and weights: AVX512-BF16 without AMX, or EAGLE_GEMV=1), "f32" (fp32 rows over weights that
-    are bf16 values, read as bf16: AVX512F without bf16 arithmetic, where decoding runs in fp32), or None."""
+    are bf16 values, read as bf16: AVX512F, or AVX2 with FMA, without bf16 arithmetic, where decoding runs in fp32),
+    or None."""
     flags = cpu_flags()
     choice = policy()
     if choice == "0":
         return None
     if "avx512_bf16" in flags:
         return "bf16" if choice == "1" or "amx_bf16" not in flags else None
-    return "f32" if F32_FLAGS <= flags else None
+    return "f32" if f32_capable(flags) else None
+
+
+def f32_capable(flags: set[str]) -> bool:
+    """Whether a CPU of these instruction-set flags runs the fp32 kind (16 or 8 lanes a register)."""
+    return F32_FLAGS <= flags or AVX2_FLAGS <= flags
 
 
 def wanted() -> bool:

@@ -1,9 +1,9 @@
 // y [M, O] = x [M, I] . w [O, I]^T for the few rows of a decode step, bf16 weights read once: the linear layers
 // of eagle/compiled/gemv.py, in two kinds:
 //   - bf16 x, bf16 y (fp32 sums, rounded to nearest even), on a CPU with AVX512-BF16 (pair dot products);
-//   - fp32 x, fp32 y, on a CPU with AVX512F but no bf16 arithmetic: each bf16 weight widened to fp32 in a
-//     register (its 16 bits moved to the high half), then fp32 multiply-adds. Exactly the products of the
-//     fp32 model whose weights are these bf16 values, reading half the bytes.
+//   - fp32 x, fp32 y, on a CPU with AVX512F but no bf16 arithmetic, or with AVX2 and FMA only: each bf16 weight
+//     widened to fp32 in a register (its 16 bits moved to the high half), then fp32 multiply-adds. Exactly the
+//     products of the fp32 model whose weights are these bf16 values, reading half the bytes.
 //
 // A decode step multiplies a handful of rows by every weight once, so it is bound by how fast the weights
 // stream from memory. Each thread takes blocks of 16 (or 18) output rows. R output rows are read together (4; 3
@@ -23,10 +23,14 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #define EAGLE_GEMV_F32 1  // the fp32 kind: widening loads need AVX512BW/VL's masked 16-bit loads
 #include <immintrin.h>
+#elif defined(__AVX2__) && defined(__FMA__)
+#define EAGLE_GEMV_AVX2 1  // the fp32 kind in 8-lane registers (avx2_gemv below)
+#include <immintrin.h>
 #endif
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 namespace {
 
@@ -200,7 +204,118 @@ void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
 
 }  // namespace
 
-// Which kinds this build runs: bf16 x (AVX512-BF16), fp32 x (AVX512F with BW and VL).
+#ifdef EAGLE_GEMV_AVX2
+// The fp32 kind on a CPU with AVX2 and FMA but no AVX512: 8 inputs a register, 16 registers. The same plan as
+// above (R output rows read together, G input rows multiplied into them as the weights stream in, the first
+// group prefetching the weights, the later ones re-reading them from L1), with R and G bounded by the 16
+// registers: G x R accumulators, R weights and one input.
+namespace avx2_gemv {
+constexpr int kGroup = 8;       // input rows a pass
+constexpr int64_t kBlock = 16;  // output rows a task, at least (rounded up to a multiple of R)
+constexpr int64_t kAhead = 8;   // output rows the weights are fetched ahead
+
+inline __m256 widen(const uint16_t* p) {  // 8 bf16 weights as fp32
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+inline float sum8(__m256 v) {  // the 8 lanes' sum, by one fixed tree
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+// Output rows o..o+n-1 (n <= R) for input rows x[0..G-1].
+template <int G, int R, bool fetch>
+void rows_block(const float* x, const uint16_t* w, float* y, int64_t I, int64_t O, int64_t o, int n, int64_t ahead) {
+  __m256 acc[G][R];
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < R; ++r) acc[g][r] = _mm256_setzero_ps();
+  const uint16_t* row[R];
+  for (int r = 0; r < R; ++r) row[r] = w + (o + std::min(r, n - 1)) * I;
+  const int64_t full = I / 8 * 8;
+  for (int64_t k = 0; k < full; k += 8) {
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) {
+      if ((k & 31) == 0) {  // one fetch per 64-byte line
+        if (fetch) _mm_prefetch(reinterpret_cast<const char*>(row[r] + kAhead * I + k), _MM_HINT_T0);
+        else _mm_prefetch(reinterpret_cast<const char*>(row[r] + ahead * I + k), _MM_HINT_T1);
+      }
+      wv[r] = widen(row[r] + k);
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m256 xv = _mm256_loadu_ps(x + g * I + k);
+      for (int r = 0; r < R; ++r) acc[g][r] = _mm256_fmadd_ps(xv, wv[r], acc[g][r]);
+    }
+  }
+  if (full < I) {  // the last inputs, zero-padded to a register: the same multiply-adds as the loop's
+    const int rest = static_cast<int>(I - full);
+    alignas(32) int32_t lanes[8];
+    for (int i = 0; i < 8; ++i) lanes[i] = i < rest ? -1 : 0;
+    const __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
+    __m256 wv[R];
+    for (int r = 0; r < R; ++r) {
+      uint16_t padded[8] = {0};
+      std::memcpy(padded, row[r] + full, rest * sizeof(uint16_t));
+      wv[r] = widen(padded);
+    }
+    for (int g = 0; g < G; ++g) {
+      const __m256 xv = _mm256_maskload_ps(x + g * I + full, mask);
+      for (int r = 0; r < R; ++r) acc[g][r] = _mm256_fmadd_ps(xv, wv[r], acc[g][r]);
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < n; ++r) y[g * O + o + r] = sum8(acc[g][r]);
+}
+
+template <int R, bool fetch>
+void group(int g, const float* x, const uint16_t* w, float* y, int64_t I, int64_t O, int64_t o, int n, int64_t ahead) {
+  switch (g) {
+    case 1: rows_block<1, R, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 2: rows_block<2, R, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 3: rows_block<3, R, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 4: rows_block<4, R, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 5: rows_block<5, R, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 6: rows_block<6, R, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 7: rows_block<7, R, fetch>(x, w, y, I, O, o, n, ahead); break;
+    default: rows_block<8, R, fetch>(x, w, y, I, O, o, n, ahead); break;
+  }
+}
+
+template <int R>
+void tasks(const float* x, const uint16_t* w, float* y, int64_t M, int64_t I, int64_t O) {
+  constexpr int64_t rows = (kBlock + R - 1) / R * R;
+  at::parallel_for(0, (O + rows - 1) / rows, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t o = b0 * rows; o < std::min(O, b1 * rows); o += R) {
+      const int n = static_cast<int>(std::min<int64_t>(R, O - o));
+      for (int64_t m = 0; m < M; m += kGroup) {
+        const int g = static_cast<int>(std::min<int64_t>(kGroup, M - m));
+        if (m == 0)
+          group<R, true>(g, x, w, y, I, O, o, n, 0);
+        else
+          group<R, false>(g, x + m * I, w, y + m * O, I, O, o, n, kAhead + R * (m / kGroup));
+      }
+    }
+  });
+}
+
+// R by the widest group: G x R accumulators + R weights + 1 input within 16 registers.
+void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
+  const int64_t M = x.size(0), I = x.size(1), O = w.size(0);
+  const auto* xp = x.data_ptr<float>();
+  const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  auto* yp = y.data_ptr<float>();
+  const int64_t g = std::min<int64_t>(M, kGroup);
+  if (g <= 2) tasks<4>(xp, wp, yp, M, I, O);       // up to 8 + 4 + 1
+  else if (g == 3) tasks<3>(xp, wp, yp, M, I, O);  // 9 + 3 + 1
+  else if (g <= 5) tasks<2>(xp, wp, yp, M, I, O);  // up to 10 + 2 + 1
+  else tasks<1>(xp, wp, yp, M, I, O);              // up to 8 + 1 + 1
+}
+}  // namespace avx2_gemv
+#endif
+
+// Which kinds this build runs: bf16 x (AVX512-BF16), fp32 x (AVX512F with BW and VL, or AVX2 with FMA).
 bool available() {
 #ifdef __AVX512BF16__
   return true;
@@ -210,7 +325,7 @@ bool available() {
 }
 
 bool available_f32() {
-#ifdef EAGLE_GEMV_F32
+#if defined(EAGLE_GEMV_F32) || defined(EAGLE_GEMV_AVX2)
   return true;
 #else
   return false;
@@ -221,7 +336,7 @@ torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& w) {
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(w.scalar_type() == at::kBFloat16 && (bf16 || x.scalar_type() == at::kFloat), "gemv: bf16 w, bf16 or fp32 x");
   TORCH_CHECK(bf16 ? available() : available_f32(), "gemv: built for a CPU without ",
-              bf16 ? "AVX512-BF16" : "AVX512F/BW/VL");
+              bf16 ? "AVX512-BF16" : "AVX512F/BW/VL or AVX2/FMA");
   TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.dim() == 2 && w.dim() == 2, "gemv: contiguous 2-d x, w");
   TORCH_CHECK(!x.is_cuda() && !w.is_cuda(), "gemv: CPU tensors");
   const int64_t M = x.size(0), I = x.size(1), O = w.size(0);
@@ -232,6 +347,8 @@ torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& w) {
 #ifdef EAGLE_GEMV_F32
   if (bf16) run<Bf16>(x, w, y);
   else run<F32>(x, w, y);
+#elif defined(EAGLE_GEMV_AVX2)
+  avx2_gemv::run(x, w, y);  // fp32 x only: available() is false without AVX512-BF16
 #endif
   return y;
 }
@@ -258,5 +375,5 @@ TORCH_LIBRARY_IMPL(eagle, CPU, m) { m.impl("gemv_linear", &gemv_linear); }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemv", &gemv, "y [M, O] = x [M, I] w [O, I]^T, bf16 w, bf16 or fp32 x");
   m.def("available", &available, "built with AVX512-BF16 (bf16 x)");
-  m.def("available_f32", &available_f32, "built with AVX512F/BW/VL (fp32 x)");
+  m.def("available_f32", &available_f32, "built with AVX512F/BW/VL or AVX2/FMA (fp32 x)");
 }
