@@ -133,7 +133,7 @@ def compile_options(*modules: nn.Module) -> dict:
     `epilogue_fusion` off: no pointwise work fused into the template's output loop. Fused, a head graph whose
     residual add also fed the scorer's row gather failed to compile ("wrong ndim": the template wrote both with
     its own 2-D index), so on CPUs without our GEMV the draft head decoded eagerly. Unfused, the target's
-    forwards give the same bits in the same time (fp32, AVX2, 2 threads: 0.98-1.00x; docs/speed.md).
+    forwards give the same bits in about the same time (fp32, AVX2, 2 threads: 0.98-1.04x; docs/speed.md).
 
     `cpp_wrapper` (`cpp_wrapper_wanted`): a graph over CPU weights calls its kernels from generated C++
     instead of Python; a forward is hundreds of small kernels, whose Python calls and allocations cost
