@@ -17,7 +17,7 @@ rows at a time, up to eight input rows against them as the weights stream in) re
   most are) is read through a bf16 copy, each value widened to fp32 in a register: the same products as the fp32
   model's, from half the bytes. On a 2-core AVX512F Xeon (12.6 GB/s) the compiled fp32 forward of 1 / 4 / 16
   rows took 37.6 / 47.0 / 117.2 ms against the template's 52.2 / 72.3 / 139.9; on a 2-core Zen 3 (AVX2) 1 / 4 / 8
-  rows 15.4 / 17.8 / 25.1 ms against 19.0 / 23.6 / 34.4 (docs/speed.md).
+  rows 16.6 / 19.2 / 28.3 ms against 20.4 / 28.0 / 38.2 (docs/speed.md).
 
 `EAGLE_GEMV=auto` (the default) takes the kind the CPU has: `bf16` with AVX512-BF16 and no AMX, `f32` with
 AVX512F/BW/VL, or AVX2/FMA, and no AVX512-BF16; `EAGLE_GEMV=1`: `bf16` wherever the CPU has AVX512-BF16 (AMX included);
