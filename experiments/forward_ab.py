@@ -30,6 +30,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable
+from unittest.mock import patch
 
 import torch
 
@@ -42,10 +43,12 @@ PROMPT = 120  # rows the cache holds before the timed forwards
 OURS = graph_cache.compile_options  # the options our graphs compile with
 
 
-def sides(change: str, base: str, dtype: str = "bfloat16") -> dict[str, tuple[CompiledTarget, Callable[[], None]]]:
+def sides(change: str, base: str, dtype: str | torch.dtype = "bfloat16"
+          ) -> dict[str, tuple[CompiledTarget, Callable[[], None]]]:
     """{"with": (runner, setup), "without": ...}: the runner each side calls, its cache holding the same prompt,
     and what to do before a side's calls (`direct`: give the runner its direct calls, or take them away;
-    `epilogue`: the compile options its graphs compile with, at their first calls)."""
+    `epilogue`: the compile options its graphs compile with, at their first calls; `gemv`: the EAGLE_GEMV policy
+    they compile under)."""
     def runner(join: bool) -> CompiledTarget:
         out = CompiledTarget(load_target(resolve_target(base), dtype), join_siblings=join)
         out.prefill(_tokens(out, PROMPT, seed=0)[None], 32)
@@ -121,13 +124,11 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("the GEMV kernel does not run on this CPU (EAGLE_GEMV, eagle/compiled/gemv.py): "
                          f"nothing to compare ({args.change})")
     torch.set_num_threads(args.threads)
-    policy = os.environ.get("EAGLE_GEMV")
-    with torch.inference_mode():
+    with torch.inference_mode(), patch.dict(os.environ):  # `gemv` sets EAGLE_GEMV while a side compiles
         try:
             spent, names, agree = _measured(args)
         finally:
-            graph_cache.compile_options = OURS  # `epilogue` swaps it while a side compiles, `gemv` the policy
-            os.environ.pop("EAGLE_GEMV", None) if policy is None else os.environ.__setitem__("EAGLE_GEMV", policy)
+            graph_cache.compile_options = OURS  # `epilogue` swaps it while a side compiles
     print(f"{args.change}: {args.threads} threads, {args.rounds} rounds; {agree}\n"
           "| forward | with: ms | without: ms | with / without (median of rounds) |\n|---|---|---|---|")
     result = {}
