@@ -22,6 +22,8 @@ needs_f32_kernel = pytest.mark.skipif(not gemv.f32_capable(cpu_flags()), reason=
 # multiple of a register's lanes, outputs not of a task's rows
 SHAPES = ((1, 64, 16), (2, 96, 37), (3, 40, 5), (4, 128, 130), (5, 576, 33), (7, 576, 35), (8, 200, 64), (13, 7, 70),
           (16, 96, 19))
+PAIRED_SHAPES = ((1, 8, 2), (2, 64, 18), (3, 40, 6), (5, 576, 34), (6, 96, 20), (7, 576, 36), (9, 200, 10),
+                 (13, 16, 70), (16, 96, 22))  # what the AVX2 form packs: even outputs, inputs a multiple of 8
 
 
 def _bf16(*shape: int) -> torch.Tensor:
@@ -215,17 +217,35 @@ def test_the_fp32_kind_multiplies_as_the_fp32_matmul_of_the_bf16_weights():
     any row count, inputs not a multiple of 16, outputs not of 4; a row's bits never depend on its neighbours."""
     assert gemv.kernel() is not None
     torch.manual_seed(5)
-    for rows, inputs, outputs in SHAPES:
+    for rows, inputs, outputs in SHAPES + PAIRED_SHAPES:
         x, w = torch.randn(rows, inputs), _bf16(outputs, inputs)
-        y = torch.ops.eagle.gemv_linear(x, w, 64)
+        read = gemv.pack(w)  # the AVX2 form's pairs of rows; w itself in the AVX512 form
+        if read is None:  # a shape the AVX2 form does not pack: its mms keep ATen's linear
+            assert torch.equal(torch.ops.eagle.gemv_linear(x, w, 64), F.linear(x, w.float()))
+            continue
+        y = torch.ops.eagle.gemv_linear(x, read, 64)
         assert y.dtype == torch.float32 and y.shape == (rows, outputs)
         exact = F.linear(x.double(), w.double())  # the products of the bf16 weights' values, summed exactly
         bound = inputs * 2.0**-24 * F.linear(x.double().abs(), w.double().abs())  # fp32 sums in any order
         assert ((y.double() - exact).abs() <= bound).all(), (rows, inputs, outputs)
         for i in range(rows):
-            assert torch.equal(torch.ops.eagle.gemv_linear(x[i:i + 1], w, 64), y[i:i + 1])
+            assert torch.equal(torch.ops.eagle.gemv_linear(x[i:i + 1], read, 64), y[i:i + 1])
     x, w = torch.randn(2, 9, 64), _bf16(24, 64)  # 18 rows past the limit: ATen's linear over w widened to fp32
-    assert torch.equal(torch.ops.eagle.gemv_linear(x, w, 16), F.linear(x, w.float()))
+    assert torch.equal(torch.ops.eagle.gemv_linear(x, gemv.pack(w), 16), F.linear(x, w.float()))
+
+
+@needs_f32_kernel
+def test_packed_weights_hold_the_rows_in_pairs_of_8_inputs():
+    """The AVX2 form's layout: pair p, inputs 8j..8j+7, rows 2p and 2p + 1; the op's output width from it."""
+    gemv.kernel()
+    w = torch.arange(4 * 16).reshape(4, 16).to(torch.bfloat16)  # [O 4, I 16]
+    read = gemv.pack(w)
+    assert gemv.out_features(read) == 4
+    if read is w:  # the AVX512 form reads rows as they are
+        return
+    assert read.shape == (2, 2, 2, 8) and read.is_contiguous()
+    assert torch.equal(read[1, 0, 0], w[2, :8]) and torch.equal(read[1, 1, 1], w[3, 8:])
+    assert gemv.pack(w[:3]) is None and gemv.pack(w[:, :12]) is None
 
 
 @needs_f32_kernel

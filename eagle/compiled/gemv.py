@@ -5,8 +5,8 @@ reading the weights.
         count = gemv.rewrite_linears(graph)    # inductor's post-grad graph: x @ w^T -> eagle::gemv_linear
 
 A decode step multiplies a few rows (1 for a plain step, a tree's nodes for a verify) by every weight once,
-so it runs at the speed the weights are read. The kernel (eagle/compiled/csrc/gemv_bf16.cpp: three or four output
-rows at a time, up to eight input rows against them as the weights stream in) reads bf16 weights, in two kinds:
+so it runs at the speed the weights are read. The kernel (eagle/compiled/csrc/gemv_bf16.cpp: a few output rows at
+a time, up to eight input rows against them as the weights stream in) reads bf16 weights, in two kinds:
 
 - `bf16`: bf16 rows. On a Zen 4 CPU (AVX512-BF16, no AMX) inductor's C++ GEMM template and ATen's linear read
   the weights at 15-19 GB/s of the ~40 the memory streams, the kernel at ~30 (docs/speed.md). On a CPU with AMX a
@@ -14,10 +14,10 @@ rows at a time, up to eight input rows against them as the weights stream in) re
 - `f32`: fp32 rows, where the CPU has AVX512F (16 lanes a register), or AVX2 and FMA (8), but no bf16 arithmetic
   and decoding therefore runs in fp32
   (eagle/common/precision.py). A weight whose every value is a bf16 value (a bf16 checkpoint loaded in fp32, as
-  most are) is read through a bf16 copy, each value widened to fp32 in a register: the same products as the fp32
-  model's, from half the bytes. On a 2-core AVX512F Xeon (12.6 GB/s) the compiled fp32 forward of 1 / 4 / 16
+  most are) is read through a bf16 copy (the 8-lane form's packed in pairs of output rows: `pack`), each value
+  widened to fp32 in a register: the same products as the fp32 model's, from half the bytes. On a 2-core AVX512F Xeon (12.6 GB/s) the compiled fp32 forward of 1 / 4 / 16
   rows took 37.6 / 47.0 / 117.2 ms against the template's 52.2 / 72.3 / 139.9; on a 2-core Zen 3 (AVX2) 1 / 4 / 8
-  rows 16.6 / 19.2 / 28.3 ms against 20.4 / 28.0 / 38.2 (docs/speed.md).
+  rows 13.1 / 16.2 / 25.1 ms against 21.9 / 28.0 / 38.1 (docs/speed.md).
 
 `EAGLE_GEMV=auto` (the default) takes the kind the CPU has: `bf16` with AVX512-BF16 and no AMX, `f32` with
 AVX512F/BW/VL, or AVX2/FMA, and no AVX512-BF16; `EAGLE_GEMV=1`: `bf16` wherever the CPU has AVX512-BF16 (AMX included);
@@ -57,6 +57,7 @@ MAX_ROWS = {"bf16": 32, "f32": 16}  # rows up to which each kind runs (bf16: it 
 # f32: 2.3x ATen's fp32 linear at 16 rows on an AVX512F Xeon, 1.3x at 32); more take ATen's linear
 F32_FLAGS = {"avx512f", "avx512bw", "avx512vl"}  # the fp32 kind's 16-lane form: masked widening loads
 AVX2_FLAGS = {"avx2", "fma"}  # its 8-lane form, on CPUs without AVX512
+PACKED = (2, 8)  # the 8-lane form's weights: blocks of 2 output rows by 8 inputs (`pack`)
 CHOICES = ("auto", "1", "0")  # EAGLE_GEMV
 aten = torch.ops.aten
 _BUILDING = threading.Lock()
@@ -114,7 +115,24 @@ def _build():
 
 
 def _fake(x: torch.Tensor, w: torch.Tensor, max_rows: int, full: torch.Tensor | None = None) -> torch.Tensor:
-    return x.new_empty(*x.shape[:-1], w.shape[0])
+    return x.new_empty(*x.shape[:-1], out_features(w))
+
+
+def out_features(w: torch.Tensor) -> int:
+    """O of a weight the op reads: [O, I], or packed [O/2, I/8, 2, 8] (`pack`)."""
+    return w.shape[0] * w.shape[2] if w.dim() == 4 else w.shape[0]
+
+
+def pack(w: torch.Tensor) -> torch.Tensor | None:
+    """w [O, I] in the layout this build's kernel reads: itself, or where it reads pairs of output rows (its AVX2
+    form) [O/2, I/8, 2, 8], pair p holding for each 8 inputs in turn their weights of rows 2p and 2p + 1, so a
+    pair streams as one run of bytes (None where O is odd or I not a multiple of 8)."""
+    if not kernel().packed():
+        return w
+    (o, i), (rows, inputs) = w.shape, PACKED
+    if o % rows or i % inputs:
+        return None
+    return w.reshape(o // rows, rows, i // inputs, inputs).permute(0, 2, 1, 3).contiguous()
 
 
 def reads(w: torch.Tensor) -> bool:
@@ -124,7 +142,7 @@ def reads(w: torch.Tensor) -> bool:
         return False
     if kind() == "bf16":
         return w.dtype == torch.bfloat16
-    return w.dtype == torch.float32 and _bf16_copy(w.detach()) is not None
+    return w.dtype == torch.float32 and _kernel_copy(w.detach()) is not None
 
 
 def rewrite_linears(graph: torch.fx.Graph) -> int:
@@ -208,7 +226,7 @@ def _replace(graph: torch.fx.Graph, run: list[tuple], which: str, before: torch.
         full = (full_t,) if which == "f32" else ()  # rows past MAX_ROWS: the graph's own fp32 w^T
         op = graph.call_function(torch.ops.eagle.gemv_linear.default, (mm.args[0], weight, MAX_ROWS[which], *full))
     op.meta.update(mm.meta)
-    op.meta["val"] = x.new_empty(x.shape[0], _val(weight).shape[0])  # [M, O] (O: the run's outputs together)
+    op.meta["val"] = x.new_empty(x.shape[0], out_features(_val(weight)))  # [M, O] (O: the run's outputs together)
     start = 0
     for node, _, part in run:
         use = op
@@ -246,9 +264,10 @@ def _joined(graph: torch.fx.Graph, run: list[tuple], which: str) -> tuple:
 
 
 def _bf16_constant(graph: torch.fx.Graph, w: torch.Tensor, like: torch.Tensor) -> torch.fx.Node | None:
-    """A new frozen constant holding the bf16 copy of w [O, I] (a frozen fp32 weight, or a span of joined ones),
-    contiguous, where every value of w is a bf16 value (None where one is not); faked as `like` is."""
-    w16 = _bf16_copy(w)
+    """A new frozen constant holding the bf16 copy of w [O, I] (a frozen fp32 weight, or a span of joined ones) in
+    the kernel's layout (`pack`), where every value of w is a bf16 value and the layout takes its shape (None
+    otherwise); faked as `like` is."""
+    w16 = _kernel_copy(w)
     if w16 is None:
         return None
     module = graph.owning_module
@@ -259,10 +278,11 @@ def _bf16_constant(graph: torch.fx.Graph, w: torch.Tensor, like: torch.Tensor) -
     return copy
 
 
-def _bf16_copy(w: torch.Tensor) -> torch.Tensor | None:
-    """w's values as a contiguous bf16 tensor, where every one of them is a bf16 value; otherwise None."""
+def _kernel_copy(w: torch.Tensor) -> torch.Tensor | None:
+    """w's values as bf16 in the kernel's layout (`pack`), where every one of them is a bf16 value and the
+    layout takes w's shape; otherwise None."""
     w16 = w.to(torch.bfloat16).contiguous()
-    return w16 if torch.equal(w16.float(), w) else None
+    return pack(w16) if torch.equal(w16.float(), w) else None
 
 
 def _fake_like(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

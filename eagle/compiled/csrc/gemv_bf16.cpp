@@ -6,7 +6,7 @@
 //     products of the fp32 model whose weights are these bf16 values, reading half the bytes.
 //
 // A decode step multiplies a handful of rows by every weight once, so it is bound by how fast the weights
-// stream from memory. Each thread takes blocks of 16 (or 18) output rows. R output rows are read together (4; 3
+// stream from memory. The AVX512 forms read w [O, I]: each thread takes blocks of 16 (or 18) output rows. R output rows are read together (4; 3
 // from 7 input rows), one register of inputs at a time, fetched 8 rows ahead; the input rows are taken up to 8 at a
 // time, each multiplied into the R weight registers (up to 24 accumulators of the 32 registers). The first
 // group of input rows reads the weights from memory, the later groups re-read the same R rows from L1 (R x I x
@@ -14,7 +14,8 @@
 // take one pass: multiplying while the weights stream in, where a second pass over L1 would add its products'
 // time to the stream's (on an AVX512F Xeon an 8-row call of the target's weights took 0.8x as long as two
 // passes of 4). Inputs need not fill the last register: it is loaded masked. Each output is its row's own sum,
-// whatever rows run beside it.
+// whatever rows run beside it. The AVX2 form (avx2_gemv below) reads the weights packed in pairs of output
+// rows, each pair one run of bytes.
 
 #include <torch/extension.h>
 
@@ -205,14 +206,19 @@ void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
 }  // namespace
 
 #ifdef EAGLE_GEMV_AVX2
-// The fp32 kind on a CPU with AVX2 and FMA but no AVX512: 8 inputs a register, 16 registers. The same plan as
-// above (R output rows read together, G input rows multiplied into them as the weights stream in, the first
-// group prefetching the weights, the later ones re-reading them from L1), with R and G bounded by the 16
-// registers: G x R accumulators, R weights and one input.
+// The fp32 kind on a CPU with AVX2 and FMA but no AVX512: 8 inputs a register, 16 registers, over weights packed
+// in pairs of output rows (`pack` in eagle/compiled/gemv.py): w [O/2, I/8, 2, 8], pair p holding, for each 8
+// inputs in turn, those inputs' weights of rows 2p and 2p + 1. A pair is one run of bytes, so the weights stream
+// as one sequence, where rows of [O, I] read side by side are as many streams: on a 2-core Zen 3 the target's
+// weights took 0.71-0.78x the time of that at 1-6 input rows (pairs of rows read in one pass beat blocks of 4
+// or 8 read in passes of 2, and match blocks of 8 in one pass at 1 row). Input rows are taken up to kGroup at a
+// time (groups of even size), G x 2 accumulators, 2 weights and an input within the 16 registers; the first
+// group fetches the weights kAhead ahead, later ones re-read the pair from L1 (2 x I x 2 bytes).
 namespace avx2_gemv {
-constexpr int kGroup = 8;       // input rows a pass
-constexpr int64_t kBlock = 16;  // output rows a task, at least (rounded up to a multiple of R)
-constexpr int64_t kAhead = 8;   // output rows the weights are fetched ahead
+constexpr int kRows = 2;              // output rows a pass: the packing's
+constexpr int kGroup = 6;             // input rows a pass, at most: 12 accumulators
+constexpr int64_t kAhead = 2048 / 2;  // weights fetched ahead of the first group (2 KB)
+constexpr int64_t kTaskPairs = 8;     // pairs a thread's task takes, at least
 
 inline __m256 widen(const uint16_t* p) {  // 8 bf16 weights as fp32
   const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
@@ -226,92 +232,51 @@ inline float sum8(__m256 v) {  // the 8 lanes' sum, by one fixed tree
   return _mm_cvtss_f32(s);
 }
 
-// Output rows o..o+n-1 (n <= R) for input rows x[0..G-1].
-template <int G, int R, bool fetch>
-void rows_block(const float* x, const uint16_t* w, float* y, int64_t I, int64_t O, int64_t o, int n, int64_t ahead) {
-  __m256 acc[G][R];
+// Input rows x[0..G-1] times the pair of rows at `pair` (outputs o, o + 1); `fetch`: prefetch ahead (first group).
+template <int G>
+void pass(const float* x, const uint16_t* pair, float* y, int64_t I, int64_t O, int64_t o, bool fetch) {
+  __m256 acc[G][kRows];
   for (int g = 0; g < G; ++g)
-    for (int r = 0; r < R; ++r) acc[g][r] = _mm256_setzero_ps();
-  const uint16_t* row[R];
-  for (int r = 0; r < R; ++r) row[r] = w + (o + std::min(r, n - 1)) * I;
-  const int64_t full = I / 8 * 8;
-  for (int64_t k = 0; k < full; k += 8) {
-    __m256 wv[R];
-    for (int r = 0; r < R; ++r) {
-      if ((k & 31) == 0) {  // one fetch per 64-byte line
-        if (fetch) _mm_prefetch(reinterpret_cast<const char*>(row[r] + kAhead * I + k), _MM_HINT_T0);
-        else _mm_prefetch(reinterpret_cast<const char*>(row[r] + ahead * I + k), _MM_HINT_T1);
-      }
-      wv[r] = widen(row[r] + k);
-    }
+    for (int r = 0; r < kRows; ++r) acc[g][r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < I; k += 8) {
+    const uint16_t* chunk = pair + k * kRows;  // [2 rows][8 inputs]: 32 bytes
+    if (fetch) _mm_prefetch(reinterpret_cast<const char*>(chunk + kAhead), _MM_HINT_T0);
+    const __m256 w0 = widen(chunk), w1 = widen(chunk + 8);
     for (int g = 0; g < G; ++g) {
       const __m256 xv = _mm256_loadu_ps(x + g * I + k);
-      for (int r = 0; r < R; ++r) acc[g][r] = _mm256_fmadd_ps(xv, wv[r], acc[g][r]);
-    }
-  }
-  if (full < I) {  // the last inputs, zero-padded to a register: the same multiply-adds as the loop's
-    const int rest = static_cast<int>(I - full);
-    alignas(32) int32_t lanes[8];
-    for (int i = 0; i < 8; ++i) lanes[i] = i < rest ? -1 : 0;
-    const __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
-    __m256 wv[R];
-    for (int r = 0; r < R; ++r) {
-      uint16_t padded[8] = {0};
-      std::memcpy(padded, row[r] + full, rest * sizeof(uint16_t));
-      wv[r] = widen(padded);
-    }
-    for (int g = 0; g < G; ++g) {
-      const __m256 xv = _mm256_maskload_ps(x + g * I + full, mask);
-      for (int r = 0; r < R; ++r) acc[g][r] = _mm256_fmadd_ps(xv, wv[r], acc[g][r]);
+      acc[g][0] = _mm256_fmadd_ps(xv, w0, acc[g][0]);
+      acc[g][1] = _mm256_fmadd_ps(xv, w1, acc[g][1]);
     }
   }
   for (int g = 0; g < G; ++g)
-    for (int r = 0; r < n; ++r) y[g * O + o + r] = sum8(acc[g][r]);
+    for (int r = 0; r < kRows; ++r) y[g * O + o + r] = sum8(acc[g][r]);
 }
 
-template <int R, bool fetch>
-void group(int g, const float* x, const uint16_t* w, float* y, int64_t I, int64_t O, int64_t o, int n, int64_t ahead) {
+void group(int g, const float* x, const uint16_t* pair, float* y, int64_t I, int64_t O, int64_t o, bool fetch) {
   switch (g) {
-    case 1: rows_block<1, R, fetch>(x, w, y, I, O, o, n, ahead); break;
-    case 2: rows_block<2, R, fetch>(x, w, y, I, O, o, n, ahead); break;
-    case 3: rows_block<3, R, fetch>(x, w, y, I, O, o, n, ahead); break;
-    case 4: rows_block<4, R, fetch>(x, w, y, I, O, o, n, ahead); break;
-    case 5: rows_block<5, R, fetch>(x, w, y, I, O, o, n, ahead); break;
-    case 6: rows_block<6, R, fetch>(x, w, y, I, O, o, n, ahead); break;
-    case 7: rows_block<7, R, fetch>(x, w, y, I, O, o, n, ahead); break;
-    default: rows_block<8, R, fetch>(x, w, y, I, O, o, n, ahead); break;
+    case 1: pass<1>(x, pair, y, I, O, o, fetch); break;
+    case 2: pass<2>(x, pair, y, I, O, o, fetch); break;
+    case 3: pass<3>(x, pair, y, I, O, o, fetch); break;
+    case 4: pass<4>(x, pair, y, I, O, o, fetch); break;
+    case 5: pass<5>(x, pair, y, I, O, o, fetch); break;
+    default: pass<6>(x, pair, y, I, O, o, fetch); break;
   }
 }
 
-template <int R>
-void tasks(const float* x, const uint16_t* w, float* y, int64_t M, int64_t I, int64_t O) {
-  constexpr int64_t rows = (kBlock + R - 1) / R * R;
-  at::parallel_for(0, (O + rows - 1) / rows, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t o = b0 * rows; o < std::min(O, b1 * rows); o += R) {
-      const int n = static_cast<int>(std::min<int64_t>(R, O - o));
-      for (int64_t m = 0; m < M; m += kGroup) {
-        const int g = static_cast<int>(std::min<int64_t>(kGroup, M - m));
-        if (m == 0)
-          group<R, true>(g, x, w, y, I, O, o, n, 0);
-        else
-          group<R, false>(g, x + m * I, w, y + m * O, I, O, o, n, kAhead + R * (m / kGroup));
-      }
-    }
-  });
-}
-
-// R by the widest group: G x R accumulators + R weights + 1 input within 16 registers.
+// x [M, I] times the packed w [O/2, I/8, 2, 8]: the threads' tasks are runs of pairs; M rows in the fewest
+// groups of up to kGroup, of even sizes (8 rows: 4 + 4, which took 0.84x the time of 6 + 2... of 8 at once).
 void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
-  const int64_t M = x.size(0), I = x.size(1), O = w.size(0);
+  const int64_t M = x.size(0), I = x.size(1), pairs = w.size(0), O = pairs * kRows;
+  const int64_t groups = (M + kGroup - 1) / kGroup, size = (M + groups - 1) / groups;
   const auto* xp = x.data_ptr<float>();
   const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
   auto* yp = y.data_ptr<float>();
-  const int64_t g = std::min<int64_t>(M, kGroup);
-  if (g == 1) tasks<6>(xp, wp, yp, M, I, O);       // 6 + 6 + 1: a plain step's weights 0.88-0.97x R = 4's time
-  else if (g == 2) tasks<4>(xp, wp, yp, M, I, O);  // 8 + 4 + 1
-  else if (g == 3) tasks<3>(xp, wp, yp, M, I, O);  // 9 + 3 + 1
-  else if (g <= 5) tasks<2>(xp, wp, yp, M, I, O);  // up to 10 + 2 + 1
-  else tasks<1>(xp, wp, yp, M, I, O);              // up to 8 + 1 + 1
+  at::parallel_for(0, pairs, kTaskPairs, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t m = 0; m < M; m += size)
+        group(static_cast<int>(std::min(size, M - m)), xp + m * I, wp + p * kRows * I, yp + m * O, I, O,
+              p * kRows, m == 0);
+  });
 }
 }  // namespace avx2_gemv
 #endif
@@ -333,15 +298,34 @@ bool available_f32() {
 #endif
 }
 
+// The weights' layout this build reads: [O/2, I/8, 2, 8] blocks of 8 output rows (the AVX2 form), or [O, I] rows.
+bool packed() {
+#ifdef EAGLE_GEMV_AVX2
+  return true;
+#else
+  return false;
+#endif
+}
+
+int64_t out_features(const torch::Tensor& w) { return w.dim() == 4 ? w.size(0) * w.size(2) : w.size(0); }
+int64_t in_features(const torch::Tensor& w) { return w.dim() == 4 ? w.size(1) * w.size(3) : w.size(1); }
+
+// Whether w is in this build's layout: contiguous bf16, [O, I] or packed [O/2, I/8, 2, 8].
+bool readable(const torch::Tensor& w) {
+  const bool layout = packed() ? w.dim() == 4 && w.size(2) == 2 && w.size(3) == 8 : w.dim() == 2;
+  return layout && w.scalar_type() == at::kBFloat16 && w.is_contiguous();
+}
+
 torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& w) {
   const bool bf16 = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(w.scalar_type() == at::kBFloat16 && (bf16 || x.scalar_type() == at::kFloat), "gemv: bf16 w, bf16 or fp32 x");
   TORCH_CHECK(bf16 ? available() : available_f32(), "gemv: built for a CPU without ",
               bf16 ? "AVX512-BF16" : "AVX512F/BW/VL or AVX2/FMA");
-  TORCH_CHECK(x.is_contiguous() && w.is_contiguous() && x.dim() == 2 && w.dim() == 2, "gemv: contiguous 2-d x, w");
+  TORCH_CHECK(x.is_contiguous() && x.dim() == 2 && readable(w),
+              packed() ? "gemv: contiguous 2-d x, packed w [O/2, I/8, 2, 8]" : "gemv: contiguous 2-d x, w");
   TORCH_CHECK(!x.is_cuda() && !w.is_cuda(), "gemv: CPU tensors");
-  const int64_t M = x.size(0), I = x.size(1), O = w.size(0);
-  TORCH_CHECK(w.size(1) == I, "gemv: x [M, I] and w [O, I]");
+  const int64_t M = x.size(0), I = x.size(1), O = out_features(w);
+  TORCH_CHECK(in_features(w) == I, "gemv: x [M, I] and w [O, I]");
   auto y = torch::empty({M, O}, x.options());
   if (M == 0 || O == 0) return y;
   if (I == 0) return y.zero_();
@@ -354,6 +338,11 @@ torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& w) {
   return y;
 }
 
+// w [O, I] of any layout (the packed one unpacked).
+at::Tensor row_major(const at::Tensor& w) {
+  return w.dim() == 4 ? w.permute({0, 2, 1, 3}).reshape({out_features(w), in_features(w)}) : w;
+}
+
 // The op a linear layer calls (eagle/compiled/gemv.py): x [..., I] w [O, I]^T -> [..., O]; more than `max_rows`
 // rows (a prompt, a wide verify) go to ATen, which is compute-bound there and blocks its work better: `full`, the
 // graph's own fp32 w^T [I, O] that the bf16 w copies, where the pass gave it (no weights widened per call), else
@@ -363,10 +352,10 @@ at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& w, int64_t max_row
   const int64_t I = x.size(-1);
   const int64_t M = I ? x.numel() / I : 0;
   const bool ours = x.scalar_type() == at::kBFloat16 ? available() : x.scalar_type() == at::kFloat && available_f32();
-  if (!ours || M > max_rows || w.scalar_type() != at::kBFloat16 || !w.is_contiguous() || w.size(1) != I)
-    return full.has_value() ? at::matmul(x, *full) : at::linear(x, w.to(x.scalar_type()));
+  if (!ours || M > max_rows || !readable(w) || in_features(w) != I)
+    return full.has_value() ? at::matmul(x, *full) : at::linear(x, row_major(w).to(x.scalar_type()));
   auto shape = x.sizes().vec();
-  shape.back() = w.size(0);
+  shape.back() = out_features(w);
   return gemv(x.reshape({M, I}).contiguous(), w).view(shape);
 }
 
@@ -374,7 +363,8 @@ TORCH_LIBRARY_FRAGMENT(eagle, m) { m.def("gemv_linear(Tensor x, Tensor w, int ma
 TORCH_LIBRARY_IMPL(eagle, CPU, m) { m.impl("gemv_linear", &gemv_linear); }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("gemv", &gemv, "y [M, O] = x [M, I] w [O, I]^T, bf16 w, bf16 or fp32 x");
+  m.def("gemv", &gemv, "y [M, O] = x [M, I] w [O, I]^T, bf16 w (in the build's layout), bf16 or fp32 x");
   m.def("available", &available, "built with AVX512-BF16 (bf16 x)");
   m.def("available_f32", &available_f32, "built with AVX512F/BW/VL or AVX2/FMA (fp32 x)");
+  m.def("packed", &packed, "reads weights packed [O/2, I/8, 2, 8] (the AVX2 form), not [O, I]");
 }
