@@ -6,8 +6,10 @@ matmul against our GEMV.
 A decode step at batch size 1 (a plain step, or a verify of a tree's nodes) multiplies a few rows through every
 linear layer of the target: it reads all the weights once, so it is bound by the memory's bandwidth, not by
 arithmetic. This times those layers in the target's shapes (a weight of its own per layer, as in the model, so
-none stays in cache) with torch's eager bf16 `F.linear` and with our kernel (`torch.ops.eagle.gemv_linear`,
-eagle/compiled/gemv.py, at any row count), beside the memory's read bandwidth (experiments/decode_roofline.py).
+none stays in cache) with torch's eager `F.linear` and with our kernel (`torch.ops.eagle.gemv_linear`,
+eagle/compiled/gemv.py, at any row count, its weights in its layout: `gemv.pack`), in the rows the kernel takes
+(bf16 where the CPU has AVX512-BF16; elsewhere fp32, torch's linear then reading fp32 weights, twice the
+bytes, as the fp32 model's does), beside the memory's read bandwidth (experiments/decode_roofline.py).
 Prints, per row count, each one's milliseconds and the GB/s at which it read the weights; checks the kernel's
 output against torch's. `gemv_siblings` is the kernel over the same bytes with each layer's sibling linears (those
 reading the same input: q, k and v; gate and up) as one weight: four calls a layer instead of seven, which is what
@@ -54,21 +56,31 @@ def sibling_weights(config) -> list[torch.Tensor]:
     return random_weights([(h, q + 2 * kv), (q, h), (h, 2 * inter), (inter, h)] * n + [(h, config.vocab_size)])
 
 
-def step_ms(weights: list[torch.Tensor], rows: int, linear, rounds: int) -> float:
-    """Milliseconds for `rows` rows through every weight with `linear(x, w)`."""
-    inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=torch.bfloat16) for w in weights}
+def step_ms(weights: list[torch.Tensor], rows: int, linear, rounds: int, dtype: torch.dtype) -> float:
+    """Milliseconds for `rows` rows of `dtype` through every weight with `linear(x, w)` (w [O, I], or packed)."""
+    inputs = {w: torch.randn(rows, _inputs(w), dtype=dtype) for w in {_inputs(w) for w in weights}}
 
     def run():
         for w in weights:
-            linear(inputs[w.shape[1]], w)
+            linear(inputs[_inputs(w)], w)
 
     run()
     return median_ms(run, rounds)
 
 
+def _inputs(w: torch.Tensor) -> int:
+    """I of a weight [O, I] or packed [O/2, I/8, 2, 8] (`gemv.pack`)."""
+    return w.shape[1] * w.shape[3] if w.dim() == 4 else w.shape[1]
+
+
 def kernel_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """x [M, I] @ w [O, I]^T through the kernel at any M."""
+    """x [M, I] @ w^T through the kernel at any M (w in the kernel's layout: `gemv.pack`)."""
     return torch.ops.eagle.gemv_linear(x, w, x.shape[0])
+
+
+def kernel_dtype() -> torch.dtype:
+    """The rows the built kernel multiplies: bf16 where the CPU has AVX512-BF16, else fp32 (its f32 kind)."""
+    return torch.bfloat16 if gemv.kernel().available() else torch.float32
 
 
 def decode(target: str, head: str, mode: str, tokens: int = 64) -> dict:
@@ -101,21 +113,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
         print(json.dumps(decode(args.target, args.head, args.decode)), flush=True)
         return []
     if gemv.kernel() is None:
-        raise SystemExit("the GEMV kernel needs a CPU with AVX512-BF16 and a C++ compiler")
+        raise SystemExit("the GEMV kernel needs a CPU with AVX512-BF16, AVX512F or AVX2 with FMA, and a C++ compiler")
+    dtype = kernel_dtype()  # torch's linear in it: the bf16 model's, or the fp32 model's over fp32 weights
     config = AutoConfig.from_pretrained(resolve_target(args.target))
     weights, siblings = layer_weights(config), sibling_weights(config)
-    x = torch.randn(3, weights[0].shape[1], dtype=torch.bfloat16)
-    torch.testing.assert_close(kernel_linear(x, weights[0]).float(), F.linear(x, weights[0]).float(), rtol=0.02, atol=0.02)
-    size = sum(w.numel() * w.element_size() for w in weights)
+    dense = [w.to(dtype) for w in weights]
+    weights, siblings = [gemv.pack(w) for w in weights], [gemv.pack(w) for w in siblings]
+    x = torch.randn(3, dense[0].shape[1], dtype=dtype)
+    torch.testing.assert_close(kernel_linear(x, weights[0]).float(), F.linear(x, dense[0]).float(), rtol=0.02, atol=0.02)
+    size = sum(w.numel() * w.element_size() for w in weights)  # the kernel's bytes: bf16 weights
     assert size == sum(w.numel() * w.element_size() for w in siblings)
+    read = {"torch": sum(w.numel() * w.element_size() for w in dense), "gemv": size, "gemv_siblings": size}
     bandwidth = read_bandwidth(args.rounds)
     out = []
     for rows in (int(r) for r in args.rows.split(",")):
-        ms = {"torch": step_ms(weights, rows, F.linear, args.rounds), "gemv": step_ms(weights, rows, kernel_linear, args.rounds),
-              "gemv_siblings": step_ms(siblings, rows, kernel_linear, args.rounds)}
-        out.append({"rows": rows, "threads": args.threads, "weights_mb": round(size / 1e6),
-                    "read_gb_s": round(bandwidth / 1e9, 1), **{f"{k}_ms": round(v, 1) for k, v in ms.items()},
-                    **{f"{k}_gb_s": round(size / v / 1e6, 1) for k, v in ms.items()}})
+        ms = {"torch": step_ms(dense, rows, F.linear, args.rounds, dtype),
+              "gemv": step_ms(weights, rows, kernel_linear, args.rounds, dtype),
+              "gemv_siblings": step_ms(siblings, rows, kernel_linear, args.rounds, dtype)}
+        out.append({"rows": rows, "threads": args.threads, "dtype": str(dtype).removeprefix("torch."),
+                    "weights_mb": round(size / 1e6), "read_gb_s": round(bandwidth / 1e9, 1),
+                    **{f"{k}_ms": round(v, 1) for k, v in ms.items()},
+                    **{f"{k}_gb_s": round(read[k] / v / 1e6, 1) for k, v in ms.items()}})
         print(json.dumps(out[-1]), flush=True)
     return out
 
