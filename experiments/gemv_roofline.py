@@ -58,7 +58,7 @@ def sibling_weights(config) -> list[torch.Tensor]:
 
 def step_ms(weights: list[torch.Tensor], rows: int, linear, rounds: int, dtype: torch.dtype) -> float:
     """Milliseconds for `rows` rows of `dtype` through every weight with `linear(x, w)` (w [O, I], or packed)."""
-    inputs = {w: torch.randn(rows, _inputs(w), dtype=dtype) for w in {_inputs(w) for w in weights}}
+    inputs = {i: torch.randn(rows, i, dtype=dtype) for i in {_inputs(w) for w in weights}}
 
     def run():
         for w in weights:

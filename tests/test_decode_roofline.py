@@ -27,6 +27,15 @@ def test_joined_siblings_are_the_same_weights_in_four_calls_a_layer():
     assert len(siblings) == 4 * 3 + 1
 
 
+def test_a_step_of_weights_runs_every_weight_in_either_layout():
+    from experiments import gemv_roofline
+
+    weights = [torch.randn(6, 16), torch.randn(4, 8).reshape(2, 1, 2, 8)]  # [O, I], and packed [O/2, I/8, 2, 8]
+    seen = []
+    gemv_roofline.step_ms(weights, 3, lambda x, w: seen.append((x.shape, x.dtype)), 1, torch.float32)
+    assert seen[-2:] == [((3, 16), torch.float32), ((3, 8), torch.float32)]
+
+
 def test_attention_reads_every_cached_key_and_value_once_a_layer():
     config = tiny_llama(layers=3).config
     seconds, read = decode_roofline.attention_seconds(config, batch=2, context=5, dtype=torch.float32, rounds=1, kernel="bmm")
