@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     dense = [w.to(dtype) for w in weights]
     weights, siblings = [gemv.pack(w) for w in weights], [gemv.pack(w) for w in siblings]
     x = torch.randn(3, dense[0].shape[1], dtype=dtype)
-    torch.testing.assert_close(kernel_linear(x, weights[0]).float(), F.linear(x, dense[0]).float(), rtol=0.02, atol=0.02)
+    torch.testing.assert_close(kernel_linear(x, weights[0]).float(), F.linear(x, dense[0]).float(),
+                               rtol=0.02, atol=0.02)
     size = sum(w.numel() * w.element_size() for w in weights)  # the kernel's bytes: bf16 weights
     assert size == sum(w.numel() * w.element_size() for w in siblings)
     read = {"torch": sum(w.numel() * w.element_size() for w in dense), "gemv": size, "gemv_siblings": size}

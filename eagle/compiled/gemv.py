@@ -11,13 +11,13 @@ a time, up to eight input rows against them as the weights stream in) reads bf16
 - `bf16`: bf16 rows. On a Zen 4 CPU (AVX512-BF16, no AMX) inductor's C++ GEMM template and ATen's linear read
   the weights at 15-19 GB/s of the ~40 the memory streams, the kernel at ~30 (docs/speed.md). On a CPU with AMX a
   kernel of this kind lost to oneDNN inside the compiled forward (docs/findings.md).
-- `f32`: fp32 rows, where the CPU has AVX512F (16 lanes a register), or AVX2 and FMA (8), but no bf16 arithmetic
-  and decoding therefore runs in fp32
-  (eagle/common/precision.py). A weight whose every value is a bf16 value (a bf16 checkpoint loaded in fp32, as
-  most are) is read through a bf16 copy (the 8-lane form's packed in pairs of output rows: `pack`), each value
-  widened to fp32 in a register: the same products as the fp32 model's, from half the bytes. On a 2-core AVX512F Xeon (12.6 GB/s) the compiled fp32 forward of 1 / 4 / 16
-  rows took 37.6 / 47.0 / 117.2 ms against the template's 52.2 / 72.3 / 139.9; on a 2-core Zen 3 (AVX2) 1 / 4 / 8
-  rows 13.1 / 16.2 / 25.1 ms against 21.9 / 28.0 / 38.1 (docs/speed.md).
+- `f32`: fp32 rows, where the CPU has AVX512F (16 lanes a register), or AVX2 and FMA (8), but no bf16 arithmetic and
+  decoding therefore runs in fp32 (eagle/common/precision.py). A weight whose every value is a bf16 value (a bf16
+  checkpoint loaded in fp32, as most are) is read through a bf16 copy (the 8-lane form's packed in pairs of output
+  rows: `pack`), each value widened to fp32 in a register: the same products as the fp32 model's, from half the
+  bytes. On a 2-core AVX512F Xeon (12.6 GB/s) the compiled fp32 forward of 1 / 4 / 16 rows took 37.6 / 47.0 / 117.2
+  ms against the template's 52.2 / 72.3 / 139.9; on a 2-core Zen 3 (AVX2) 1 / 4 / 8 rows 13.1 / 16.2 / 25.1 ms
+  against 21.9 / 28.0 / 38.1 (docs/speed.md).
 
 `EAGLE_GEMV=auto` (the default) takes the kind the CPU has: `bf16` with AVX512-BF16 and no AMX, `f32` with
 AVX512F/BW/VL, or AVX2/FMA, and no AVX512-BF16; `EAGLE_GEMV=1`: `bf16` wherever the CPU has AVX512-BF16 (AMX included);

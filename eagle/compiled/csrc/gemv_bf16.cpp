@@ -5,17 +5,17 @@
 //     widened to fp32 in a register (its 16 bits moved to the high half), then fp32 multiply-adds. Exactly the
 //     products of the fp32 model whose weights are these bf16 values, reading half the bytes.
 //
-// A decode step multiplies a handful of rows by every weight once, so it is bound by how fast the weights
-// stream from memory. The AVX512 forms read w [O, I]: each thread takes blocks of 16 (or 18) output rows. R output rows are read together (4; 3
-// from 7 input rows), one register of inputs at a time, fetched 8 rows ahead; the input rows are taken up to 8 at a
-// time, each multiplied into the R weight registers (up to 24 accumulators of the 32 registers). The first
-// group of input rows reads the weights from memory, the later groups re-read the same R rows from L1 (R x I x
-// 2 bytes) while they fetch rows further ahead into L2, so any row count streams the weights once. Up to 8 rows
-// take one pass: multiplying while the weights stream in, where a second pass over L1 would add its products'
-// time to the stream's (on an AVX512F Xeon an 8-row call of the target's weights took 0.8x as long as two
-// passes of 4). Inputs need not fill the last register: it is loaded masked. Each output is its row's own sum,
-// whatever rows run beside it. The AVX2 form (avx2_gemv below) reads the weights packed in pairs of output
-// rows, each pair one run of bytes.
+// A decode step multiplies a handful of rows by every weight once, so it is bound by how fast the weights stream
+// from memory. The AVX512 forms read w [O, I]: each thread takes blocks of 16 (or 18) output rows. R output rows are
+// read together (4; 3 from 7 input rows), one register of inputs at a time, fetched 8 rows ahead; the input rows are
+// taken up to 8 at a time, each multiplied into the R weight registers (up to 24 accumulators of the 32 registers).
+// The first group of input rows reads the weights from memory, the later groups re-read the same R rows from L1 (R x
+// I x 2 bytes) while they fetch rows further ahead into L2, so any row count streams the weights once. Up to 8 rows
+// take one pass: multiplying while the weights stream in, where a second pass over L1 would add its products' time
+// to the stream's (on an AVX512F Xeon an 8-row call of the target's weights took 0.8x as long as two passes of 4).
+// Inputs need not fill the last register: it is loaded masked. Each output is its row's own sum, whatever rows run
+// beside it. The AVX2 form (avx2_gemv below) reads the weights packed in pairs of output rows, each pair one run of
+// bytes.
 
 #include <torch/extension.h>
 
