@@ -58,19 +58,14 @@ def sibling_weights(config) -> list[torch.Tensor]:
 
 def step_ms(weights: list[torch.Tensor], rows: int, linear, rounds: int, dtype: torch.dtype) -> float:
     """Milliseconds for `rows` rows of `dtype` through every weight with `linear(x, w)` (w [O, I], or packed)."""
-    inputs = {i: torch.randn(rows, i, dtype=dtype) for i in {_inputs(w) for w in weights}}
+    inputs = {i: torch.randn(rows, i, dtype=dtype) for i in {gemv.in_features(w) for w in weights}}
 
     def run():
         for w in weights:
-            linear(inputs[_inputs(w)], w)
+            linear(inputs[gemv.in_features(w)], w)
 
     run()
     return median_ms(run, rounds)
-
-
-def _inputs(w: torch.Tensor) -> int:
-    """I of a weight [O, I] or packed [O/2, I/8, 2, 8] (`gemv.pack`)."""
-    return w.shape[1] * w.shape[3] if w.dim() == 4 else w.shape[1]
 
 
 def kernel_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

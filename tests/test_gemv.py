@@ -240,7 +240,7 @@ def test_packed_weights_hold_the_rows_in_pairs_of_8_inputs():
     gemv.kernel()
     w = torch.arange(4 * 16).reshape(4, 16).to(torch.bfloat16)  # [O 4, I 16]
     read = gemv.pack(w)
-    assert gemv.out_features(read) == 4
+    assert (gemv.out_features(read), gemv.in_features(read)) == (4, 16)
     if read is w:  # the AVX512 form reads rows as they are
         return
     assert read.shape == (2, 2, 2, 8) and read.is_contiguous()

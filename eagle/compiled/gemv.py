@@ -123,6 +123,11 @@ def out_features(w: torch.Tensor) -> int:
     return w.shape[0] * w.shape[2] if w.dim() == 4 else w.shape[0]
 
 
+def in_features(w: torch.Tensor) -> int:
+    """I of a weight the op reads: [O, I], or packed [O/2, I/8, 2, 8] (`pack`)."""
+    return w.shape[1] * w.shape[3] if w.dim() == 4 else w.shape[1]
+
+
 def pack(w: torch.Tensor) -> torch.Tensor | None:
     """w [O, I] in the layout this build's kernel reads: itself, or where it reads pairs of output rows (its AVX2
     form) [O/2, I/8, 2, 8], pair p holding for each 8 inputs in turn their weights of rows 2p and 2p + 1, so a

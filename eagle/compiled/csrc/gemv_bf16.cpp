@@ -31,7 +31,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 
 namespace {
 
@@ -210,7 +209,7 @@ void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
 // in pairs of output rows (`pack` in eagle/compiled/gemv.py): w [O/2, I/8, 2, 8], pair p holding, for each 8
 // inputs in turn, those inputs' weights of rows 2p and 2p + 1. A pair is one run of bytes, so the weights stream
 // as one sequence, where rows of [O, I] read side by side are as many streams: on a 2-core Zen 3 the target's
-// weights took 0.71-0.78x the time of that at 1-6 input rows (pairs of rows read in one pass beat blocks of 4
+// weights took 0.71-0.89x the time of that at 1-16 input rows (pairs of rows read in one pass beat blocks of 4
 // or 8 read in passes of 2, and match blocks of 8 in one pass at 1 row). Input rows are taken up to kGroup at a
 // time (groups of even size), G x 2 accumulators, 2 weights and an input within the 16 registers; the first
 // group fetches the weights kAhead ahead, later ones re-read the pair from L1 (2 x I x 2 bytes).
@@ -264,7 +263,7 @@ void group(int g, const float* x, const uint16_t* pair, float* y, int64_t I, int
 }
 
 // x [M, I] times the packed w [O/2, I/8, 2, 8]: the threads' tasks are runs of pairs; M rows in the fewest
-// groups of up to kGroup, of even sizes (8 rows: 4 + 4, which took 0.84x the time of 6 + 2... of 8 at once).
+// groups of up to kGroup, of even sizes (8 rows: 4 + 4, which took 0.84x the time of all 8 in one pass).
 void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
   const int64_t M = x.size(0), I = x.size(1), pairs = w.size(0), O = pairs * kRows;
   const int64_t groups = (M + kGroup - 1) / kGroup, size = (M + groups - 1) / groups;
@@ -298,7 +297,7 @@ bool available_f32() {
 #endif
 }
 
-// The weights' layout this build reads: [O/2, I/8, 2, 8] blocks of 8 output rows (the AVX2 form), or [O, I] rows.
+// The weights' layout this build reads: [O/2, I/8, 2, 8] pairs of output rows (the AVX2 form), or [O, I] rows.
 bool packed() {
 #ifdef EAGLE_GEMV_AVX2
   return true;
