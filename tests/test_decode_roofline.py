@@ -30,7 +30,7 @@ def test_joined_siblings_are_the_same_weights_in_four_calls_a_layer():
 def test_a_step_of_weights_runs_every_weight_in_either_layout():
     from experiments import gemv_roofline
 
-    weights = [torch.randn(6, 16), torch.randn(4, 8).reshape(2, 1, 2, 8)]  # [O, I], and packed [O/2, I/8, 2, 8]
+    weights = [torch.randn(6, 16), torch.randn(4, 8).reshape(2, 1, 2, 2, 4)]  # [O, I], packed [O/2, I/8, 2, 2, 4]
     seen = []
     gemv_roofline.step_ms(weights, 3, lambda x, w: seen.append((x.shape, x.dtype)), 1, torch.float32)
     assert seen[-2:] == [((3, 16), torch.float32), ((3, 8), torch.float32)]

@@ -236,15 +236,17 @@ def test_the_fp32_kind_multiplies_as_the_fp32_matmul_of_the_bf16_weights():
 
 @needs_f32_kernel
 def test_packed_weights_hold_the_rows_in_pairs_of_8_inputs():
-    """The AVX2 form's layout: pair p, inputs 8j..8j+7, rows 2p and 2p + 1; the op's output width from it."""
+    """The AVX2 form's layout: pair p, inputs 8j..8j+7 as two halves of 4, each half rows 2p then 2p + 1; the
+    op's output width from it."""
     gemv.kernel()
     w = torch.arange(4 * 16).reshape(4, 16).to(torch.bfloat16)  # [O 4, I 16]
     read = gemv.pack(w)
     assert (gemv.out_features(read), gemv.in_features(read)) == (4, 16)
     if read is w:  # the AVX512 form reads rows as they are
         return
-    assert read.shape == (2, 2, 2, 8) and read.is_contiguous()
-    assert torch.equal(read[1, 0, 0], w[2, :8]) and torch.equal(read[1, 1, 1], w[3, 8:])
+    assert read.shape == (2, 2, 2, 2, 4) and read.is_contiguous()
+    assert torch.equal(read[1, 0, 0, 0], w[2, :4]) and torch.equal(read[1, 0, 1, 1], w[3, 4:8])
+    assert torch.equal(read[0, 1, 1, 0], w[0, 12:]) and torch.equal(read[1, 1, 0, 1], w[3, 8:12])
     assert gemv.pack(w[:3]) is None and gemv.pack(w[:, :12]) is None
 
 

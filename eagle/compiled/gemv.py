@@ -57,7 +57,7 @@ MAX_ROWS = {"bf16": 32, "f32": 16}  # rows up to which each kind runs (bf16: it 
 # f32: 2.3x ATen's fp32 linear at 16 rows on an AVX512F Xeon, 1.3x at 32); more take ATen's linear
 F32_FLAGS = {"avx512f", "avx512bw", "avx512vl"}  # the fp32 kind's 16-lane form: masked widening loads
 AVX2_FLAGS = {"avx2", "fma"}  # its 8-lane form, on CPUs without AVX512
-PACKED = (2, 8)  # the 8-lane form's weights: blocks of 2 output rows by 8 inputs (`pack`)
+PACKED = (2, 2, 4)  # the 8-lane form's weights: for each 8 inputs, 2 halves x 2 output rows x 4 inputs (`pack`)
 CHOICES = ("auto", "1", "0")  # EAGLE_GEMV
 aten = torch.ops.aten
 _BUILDING = threading.Lock()
@@ -119,25 +119,26 @@ def _fake(x: torch.Tensor, w: torch.Tensor, max_rows: int, full: torch.Tensor | 
 
 
 def out_features(w: torch.Tensor) -> int:
-    """O of a weight the op reads: [O, I], or packed [O/2, I/8, 2, 8] (`pack`)."""
-    return w.shape[0] * w.shape[2] if w.dim() == 4 else w.shape[0]
+    """O of a weight the op reads: [O, I], or packed [O/2, I/8, 2, 2, 4] (`pack`)."""
+    return w.shape[0] * w.shape[3] if w.dim() == 5 else w.shape[0]
 
 
 def in_features(w: torch.Tensor) -> int:
-    """I of a weight the op reads: [O, I], or packed [O/2, I/8, 2, 8] (`pack`)."""
-    return w.shape[1] * w.shape[3] if w.dim() == 4 else w.shape[1]
+    """I of a weight the op reads: [O, I], or packed [O/2, I/8, 2, 2, 4] (`pack`)."""
+    return w.shape[1] * w.shape[2] * w.shape[4] if w.dim() == 5 else w.shape[1]
 
 
 def pack(w: torch.Tensor) -> torch.Tensor | None:
     """w [O, I] in the layout this build's kernel reads: itself, or where it reads pairs of output rows (its AVX2
-    form) [O/2, I/8, 2, 8], pair p holding for each 8 inputs in turn their weights of rows 2p and 2p + 1, so a
-    pair streams as one run of bytes (None where O is odd or I not a multiple of 8)."""
+    form) [O/2, I/8, 2, 2, 4]: pair p holds, for each 8 inputs in turn, their first 4 weights of rows 2p and
+    2p + 1, then their last 4 of both, so a pair streams as one run of bytes and a 32-byte chunk widens into the
+    two rows' registers in one instruction each (None where O is odd or I not a multiple of 8)."""
     if not kernel().packed():
         return w
-    (o, i), (rows, inputs) = w.shape, PACKED
-    if o % rows or i % inputs:
+    (o, i), (halves, rows, inputs) = w.shape, PACKED
+    if o % rows or i % (halves * inputs):
         return None
-    return w.reshape(o // rows, rows, i // inputs, inputs).permute(0, 2, 1, 3).contiguous()
+    return w.reshape(o // rows, rows, i // (halves * inputs), halves, inputs).permute(0, 2, 3, 1, 4).contiguous()
 
 
 def reads(w: torch.Tensor) -> bool:
