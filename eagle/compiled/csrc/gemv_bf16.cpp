@@ -208,14 +208,14 @@ void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
 // The fp32 kind on a CPU with AVX2 and FMA but no AVX512: 8 inputs a register, 16 registers, over weights packed
 // in pairs of output rows (`pack` in eagle/compiled/gemv.py): w [O/2, I/8, 2, 2, 4], pair p holding, for each 8
 // inputs in turn, their first 4 weights of rows 2p and 2p + 1, then their last 4 of both. A pair is one run of
-// bytes, so the weights stream
-// as one sequence, where rows of [O, I] read side by side are as many streams: on a 2-core Zen 3 the target's
-// weights took 0.71-0.89x the time of that at 1-16 input rows (pairs of rows read in one pass beat blocks of 4
-// or 8 read in passes of 2, and match blocks of 8 in one pass at 1 row). Input rows are taken up to kGroup at a
-// time (groups of even size), G x 2 accumulators, 2 weights and an input within the 16 registers; the first
-// group fetches the weights kAhead ahead, later ones re-read the pair from L1 (2 x I x 2 bytes). The 4 + 4 order
-// widens a 32-byte chunk into the two rows' registers with one interleave each (`widen_pair`), where widening
-// each row's 8 weights took two instructions: 0.94-0.96x the time at 4 input rows, the same at 1 (Zen 3).
+// bytes, so the weights stream as one sequence, where rows of [O, I] read side by side are as many streams: on a
+// 2-core Zen 3 the target's weights took 0.71-0.89x the time of that at 1-16 input rows (pairs of rows read in
+// one pass beat blocks of 4 or 8 read in passes of 2, and match blocks of 8 in one pass at 1 row). Input rows are
+// taken up to kGroup at a time (groups of even size), G x 2 accumulators, 2 weights and an input within the 16
+// registers; the first group fetches the weights kAhead ahead, later ones re-read the pair from L1 (2 x I x 2
+// bytes). The 4 + 4 order widens a 32-byte chunk into the two rows' registers with one interleave each
+// (`widen_pair`), where widening each row's 8 weights took two instructions: 0.94-0.96x the time at 4 input
+// rows, the same at 1 (Zen 3).
 namespace avx2_gemv {
 constexpr int kRows = 2;              // output rows a pass: the packing's
 constexpr int kGroup = 6;             // input rows a pass, at most: 12 accumulators
