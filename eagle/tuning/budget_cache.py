@@ -66,10 +66,15 @@ def budget_key(model, sizes, depths) -> dict:
         "dtype": str(lm_head.dtype), "device": _device_name(lm_head.device), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "top_k": model.settings.top_k, "draft_vocab": model.draft_vocab_size,
         "compiled": model.compiled is not None, "matmuls": matmuls_policy() if model.compiled is not None else None,
-        "gemv": gemv.active() if model.compiled is not None else None,  # verify costs change with it
+        "gemv": _gemv_key() if model.compiled is not None else None,  # verify costs change with the kernel's code
         "cpp_wrapper": cpp_wrapper_wanted(target) if model.compiled is not None else None,  # and with it
         "attention": attention_kernel.key() if model.compiled is not None else None,  # and with the attention
     }
+
+
+def _gemv_key() -> str:
+    """The GEMV kernel's kind and source digest where the verify graphs use it, else "off"."""
+    return gemv.key() if gemv.active() else "off"
 
 
 def path_of(key: dict) -> Path:
