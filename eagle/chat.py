@@ -4,7 +4,8 @@
     python -m eagle.chat --head path/or/hub-id --temperature 0.7
     echo "What is a draft head?" | python -m eagle.chat    # one reply per input line, exit on EOF
 
-Each reply is followed (on stderr) by τ, the mean tokens per target forward, and tokens/s.
+Each reply is followed (on stderr) by τ, the mean tokens per target forward, tokens/s, and how many prompt
+tokens came from the previous reply's KV cache (`prefix_cache=True`: a turn prefills only its new message).
 In the chat, `/reset` clears the history and `/exit` quits.
 """
 
@@ -100,8 +101,9 @@ def reply(model, messages: list[dict], args: argparse.Namespace) -> str:
     ids = chat_prompt(tokenizer, messages)  # [1, S]
     new: list[int] = []
     shown = ""
-    stream = model.ea_generate(ids, args.temperature, args.top_p, args.top_k, args.max_new_tokens,
-                               max_length=ids.shape[1] + args.max_new_tokens)
+    stream = model.generate(ids, args.temperature, args.top_p, args.top_k, args.max_new_tokens,
+                            max_length=ids.shape[1] + args.max_new_tokens, stream=True,
+                            prefix_cache=True)  # the history's KV rows from the previous reply
     for chunk in stream:
         new += chunk.tolist()
         text = tokenizer.decode(new, skip_special_tokens=True)
@@ -110,7 +112,8 @@ def reply(model, messages: list[dict], args: argparse.Namespace) -> str:
             shown = text
     print(flush=True)
     s = model.last_stats
-    print(f"[tau {s.tau:.2f} tokens/forward, {s.tokens_per_second:.1f} tokens/s, {s.new_tokens} tokens]",
+    print(f"[tau {s.tau:.2f} tokens/forward, {s.tokens_per_second:.1f} tokens/s, {s.new_tokens} tokens; prompt "
+          f"{s.prompt_tokens} tokens, {s.cached_tokens} of them cached, first token after {s.prefill_seconds:.2f} s]",
           file=sys.stderr, flush=True)
     return tokenizer.decode(new, skip_special_tokens=True)
 

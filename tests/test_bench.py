@@ -98,12 +98,15 @@ def test_end_to_end_on_tiny_target(tiny_dir, tmp_path):
     table = main(["--base", str(tiny_dir), "--head", str(tmp_path / "head"), "--head3", str(tmp_path / "head3"),
                   "--heads", f"other={tmp_path / 'other'}", "--prompts", str(qfile), "--dtype", "float32",
                   "--max-new-tokens", "12", "--total-token", "12", "--methods", ",".join(["vanilla", *methods]), "--out", str(tmp_path / "out"),
-                  "--no-progress"])
+                  "--no-progress", "--prefix-cache"])  # second turns through the first's KV rows, greedy as vanilla
     for m in methods:
         assert table[m]["all"]["equal_to_vanilla"] == "4/4", m
     assert table["naive-eager"]["all"]["decode_ms_per_step"] > 0 and table["pld"]["all"]["decode_ms_per_step"] is None
     assert re.search(r"`naive-eager`: [^;]*, [0-9.]+ ms a step after the prefill;", (tmp_path / "out" / "results.md").read_text())
-    everything = json.loads((tmp_path / "out" / "results.json").read_text())["meta"]
+    results = json.loads((tmp_path / "out" / "results.json").read_text())
+    second_turns = [r for r in results["runs"] if r["turn"] == 1 and r["method"] in methods and r["method"] != "pld"]
+    assert second_turns and all(r["cached_tokens"] > 10 for r in second_turns)
+    everything = results["meta"]
     assert everything["ours"]["compile_seconds"] > 0 and everything["ours"]["rss_mb"] > 0
     meta = everything["trees"]
     assert table["naive"]["all"]["tau"] == table["naive-eager"]["all"]["tau"]  # one forward a token after the prefill

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 
@@ -18,6 +19,8 @@ def test_piped_turns_stream_replies_with_the_tree_flags(tiny_dir):
                "--total-token", "8", "--depth", "3", "--draft-top-k", "4", "--lookup", "4", stdin="Hi\nAnd again\n")
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stderr.count("[tau ") == 2  # one statistics line per reply
+    first, second = re.findall(r"(\d+) of them cached", out.stderr)
+    assert first == "0" and int(second) > 10  # the second turn prefills its new message only
 
 
 def test_a_missing_head_is_one_clear_line(tmp_path):

@@ -89,6 +89,10 @@ class CompiledHead:
         self.keys, self.values = _resized(keys, s, size), _resized(values, s, size)
         return HeadRows(s)
 
+    def rows(self, past: HeadRows, n: int) -> KVCache:
+        """Copies of the first n rows of the buffer (the next generation writes it)."""
+        return self.keys[:, :, :n].clone(), self.values[:, :, :n].clone()
+
     def encode(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                allowed: torch.Tensor | None, past: HeadRows,
                scored: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, HeadRows]:

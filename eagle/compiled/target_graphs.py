@@ -65,6 +65,7 @@ from eagle.compiled.graph_cache import compiled_call, threads_match
 from eagle.compiled.grouped_attention import GROUPED, grouped_sdpa_applies, install_grouped_sdpa
 from eagle.decoding.eager_target import prompt_forward
 from eagle.decoding.kv_commit import move_rows
+from eagle.decoding.prefix_cache import KVRows
 from eagle.decoding.tree import Tree
 
 log = logging.getLogger("eagle")
@@ -154,10 +155,12 @@ class CompiledTarget:
     def size(self) -> int:
         return self.cache.layers[0].max_cache_len
 
-    def prefill(self, input_ids: torch.Tensor, room: int) -> tuple[object, CompiledTarget]:
-        """The prompt [1, S] with hidden states, eager, into the bucket that holds it and `room` more rows;
-        HF's output and the cache (this runner)."""
-        return self._prompt(input_ids, room, hidden=True), self
+    def prefill(self, input_ids: torch.Tensor, room: int,
+                reused: list[KVRows] | None = None) -> tuple[object, CompiledTarget]:
+        """The prompt [1, S] with hidden states, eager, into the bucket that holds it and `room` more rows, its
+        first Q rows copied from `reused` (eagle/decoding/prefix_cache.py); HF's output over the other S - Q rows
+        and the cache (this runner)."""
+        return self._prompt(input_ids, room, hidden=True, reused=reused), self
 
     def tree_forward(self, cache: CompiledTarget, tokens: torch.Tensor, positions: torch.Tensor, tree: Tree,
                      past: int) -> object:
@@ -177,21 +180,41 @@ class CompiledTarget:
                 move_rows(layer.values, past, accepted)
         self._seek(past + n)
 
-    def plain_prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, CompiledTarget]:
-        """Plain decoding's prompt [1, S], eager, into the bucket of S + 1 rows: last logits [V], this runner."""
-        return self._prompt(input_ids, 1, hidden=False).logits[0, -1], self
+    def plain_prefill(self, input_ids: torch.Tensor,
+                      reused: list[KVRows] | None = None) -> tuple[torch.Tensor, CompiledTarget]:
+        """Plain decoding's prompt [1, S] (after `reused`'s rows, as `prefill`), eager, into the bucket of S + 1
+        rows: last logits [V], this runner."""
+        return self._prompt(input_ids, 1, hidden=False, reused=reused).logits[0, -1], self
+
+    def rows(self, cache: CompiledTarget, n: int) -> list[KVRows]:
+        """Copies of the first n rows of every layer (the buckets are this runner's, and the next generation,
+        of any decoder sharing it, writes them). cache: this runner."""
+        return [(layer.keys[:, :, :n].clone(), layer.values[:, :, :n].clone()) for layer in self.cache.layers]
 
     def plain_step(self, cache: CompiledTarget, token: torch.Tensor, past: int) -> torch.Tensor:
         """One token [1] at position `past`, compiled (one row, no hidden states); its logits [V]."""
         positions = torch.full((1,), past, dtype=torch.long, device=token.device)  # [1]
         return self.forward(token, positions, torch.ones(1, 1, dtype=torch.bool), past, hidden=False).logits[0, -1]
 
-    def _prompt(self, input_ids: torch.Tensor, room: int, hidden: bool):
-        """Eager forward of the prompt [1, S] into the bucket that holds it and `room` more rows; HF's output
-        (the last row's logits only: `prompt_forward`)."""
+    def _prompt(self, input_ids: torch.Tensor, room: int, hidden: bool, reused: list[KVRows] | None):
+        """Eager forward of the prompt [1, S] into the bucket that holds it and `room` more rows, after `reused`'s
+        Q rows; HF's output over the S - Q others (the last row's logits only: `prompt_forward`)."""
         self.cache = self._bucket(bucket(input_ids.shape[1] + room))
         self.cache.reset()
-        return prompt_forward(self.target, input_ids, self.cache, hidden)
+        q = self._put_rows(reused) if reused else 0
+        return prompt_forward(self.target, input_ids[:, q:], self.cache, hidden)
+
+    def _put_rows(self, reused: list[KVRows]) -> int:
+        """Copy `reused`'s Q rows of every layer to the bucket in use's first rows; the next forward writes after
+        them. Returns Q."""
+        q = reused[0][0].shape[2]
+        for layer, (keys, values) in zip(self.cache.layers, reused, strict=True):
+            if not layer.is_initialized:
+                layer.lazy_initialization(keys, values)
+            layer.keys[:, :, :q] = keys
+            layer.values[:, :, :q] = values
+        self._seek(q)
+        return q
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, visible: torch.Tensor, past: int,
                 hidden: bool):

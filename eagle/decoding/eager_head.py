@@ -22,6 +22,11 @@ class EagerHead:
         """A prompt's head cache is the state's as it is."""
         return past
 
+    def rows(self, past: KVCache, n: int) -> KVCache:
+        """The first n rows of a state's head cache (views: no call writes into it)."""
+        keys, values = past
+        return keys[:, :, :n], values[:, :, :n]
+
     def encode(self, embeds: torch.Tensor, features: torch.Tensor, positions: torch.Tensor,
                allowed: torch.Tensor | None, past: KVCache | None,
                scored: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, KVCache]:

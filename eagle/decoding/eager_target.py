@@ -24,6 +24,7 @@ from transformers import DynamicCache
 from eagle.common.forward_lock import eager_forward
 from eagle.common.profiled import profiled
 from eagle.decoding.kv_commit import commit_cache, prepare_cache
+from eagle.decoding.prefix_cache import KVRows
 from eagle.decoding.tree import Tree, sliding_tree_mask, tree_attention_mask
 
 
@@ -52,11 +53,13 @@ class EagerTarget:
     def __init__(self, target: nn.Module):
         self.target = target
 
-    def prefill(self, input_ids: torch.Tensor, room: int) -> tuple[object, DynamicCache]:
-        """The prompt [1, S] with hidden states into a new cache (`room` is a compiled runner's concern)."""
-        cache = DynamicCache(config=self.target.config)
+    def prefill(self, input_ids: torch.Tensor, room: int,
+                reused: list[KVRows] | None = None) -> tuple[object, DynamicCache]:
+        """The prompt [1, S] with hidden states into a new cache (`room` is a compiled runner's concern); after
+        `reused`'s Q rows (its first Q tokens' rows, eagle/decoding/prefix_cache.py) the forward runs the rest."""
+        cache, q = self._cache(reused)
         prepare_cache(cache)  # sliding-window layers keep a tree's rows until commit
-        out = prompt_forward(self.target, input_ids, cache, hidden=True)
+        out = prompt_forward(self.target, input_ids[:, q:], cache, hidden=True)
         commit_cache(cache, input_ids.shape[1], torch.zeros(0, dtype=torch.long))  # sliding layers: their window
         return out, cache
 
@@ -74,11 +77,26 @@ class EagerTarget:
         """Keep tree nodes `path` [n] after the `past` committed rows (in place)."""
         commit_cache(cache, past, path)
 
-    def plain_prefill(self, input_ids: torch.Tensor) -> tuple[torch.Tensor, DynamicCache]:
-        """Plain decoding's prompt [1, S]: its last logits [V] and a new cache."""
-        cache = DynamicCache(config=self.target.config)
-        out = prompt_forward(self.target, input_ids, cache, hidden=False)
+    def plain_prefill(self, input_ids: torch.Tensor,
+                      reused: list[KVRows] | None = None) -> tuple[torch.Tensor, DynamicCache]:
+        """Plain decoding's prompt [1, S] (after `reused`'s rows, as `prefill`): its last logits [V] and a new cache."""
+        cache, q = self._cache(reused)
+        out = prompt_forward(self.target, input_ids[:, q:], cache, hidden=False)
         return out.logits[0, -1], cache
+
+    def rows(self, cache: DynamicCache, n: int) -> list[KVRows] | None:
+        """The first n rows of every layer, to start a later prompt with (views: no step writes this cache
+        again); None where a layer keeps only a sliding window of them."""
+        if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+            return None
+        return [(layer.keys[:, :, :n], layer.values[:, :, :n]) for layer in cache.layers]
+
+    def _cache(self, reused: list[KVRows] | None) -> tuple[DynamicCache, int]:
+        """A new cache holding `reused`'s rows (copied), and their count."""
+        cache = DynamicCache(config=self.target.config)
+        for i, (keys, values) in enumerate(reused or []):
+            cache.update(keys, values, i)
+        return cache, reused[0][0].shape[2] if reused else 0
 
     def plain_step(self, cache: DynamicCache, token: torch.Tensor, past: int) -> torch.Tensor:
         """One token [1] after the cache's rows (`past` of them); its logits [V]."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from eagle.decoding.prefix_cache import KVRows
 from eagle.decoding.runners import TargetRunner
 
 
@@ -21,9 +22,10 @@ class PlainStep:
         self.cache: object | None = None  # from the runner's plain_prefill
         self.pos = 0  # rows in the cache
 
-    def prefill(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """A new generation from the prompt [1, S]; its last logits [V]."""
-        logits, self.cache = self.runner.plain_prefill(input_ids)
+    def prefill(self, input_ids: torch.Tensor, reused: list[KVRows] | None = None) -> torch.Tensor:
+        """A new generation from the prompt [1, S], its first rows taken from `reused` (eagle/decoding/prefix_cache.py);
+        its last logits [V]."""
+        logits, self.cache = self.runner.plain_prefill(input_ids, reused)
         self.pos = input_ids.shape[1]
         return logits
 

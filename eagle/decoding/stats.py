@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -22,7 +23,15 @@ class GenerationStats:
     steps: int = 0  # target forwards after the prefill
     accept_lengths: list[int] = field(default_factory=list)  # drafts accepted + 1 (bonus)
     prefill_seconds: float = 0.0
+    cached_tokens: int = 0  # prompt tokens whose KV rows came from the previous generation (prefix_cache=True)
     seconds: float = 0.0
+
+    def emit(self, budget: TokenBudget, tokens: torch.Tensor, start: float) -> torch.Tensor:
+        """The new tokens [n] the budget lets through ([m <= n]), counted, with the seconds since `start`."""
+        out = budget.take(tokens)
+        self.new_tokens += out.numel()
+        self.seconds = time.perf_counter() - start
+        return out
 
     @property
     def tau(self) -> float:

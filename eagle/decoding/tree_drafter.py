@@ -23,6 +23,7 @@ from eagle.decoding.runners import HeadRunner
 from eagle.decoding.state import DecodeState, HeadPast
 from eagle.decoding.tree import StaticTree, expand_topk, reindex_parents, select_nodes
 from eagle.heads.draft_vocab import DraftVocabulary
+from eagle.heads.eagle2 import KVCache
 
 
 class Drafter:
@@ -50,24 +51,30 @@ class Drafter:
     def device(self) -> torch.device:
         return self.embed.weight.device
 
-    def prefill(self, features: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, HeadPast]:
-        """The head over a prompt's rows (features [S, F], next tokens [S]), causal, eager; returns
-        outputs [S, H], the last row's draft log-probs [1, Vd] and the state's head cache (`runner.start`:
-        compiled, copied into its buffer)."""
-        positions = torch.arange(tokens.numel(), device=tokens.device)
-        hidden, logp, past = self.encode(features, tokens, positions, None, None, scored=1)
+    def prefill(self, features: torch.Tensor, tokens: torch.Tensor,
+                reused: KVCache | None = None) -> tuple[torch.Tensor, torch.Tensor, HeadPast]:
+        """The head over a prompt's rows (features [m, F], next tokens [m]) after `reused`'s Q rows (an earlier
+        generation's, eagle/decoding/prefix_cache.py; None: Q = 0), causal, eager; returns outputs [m, H], the
+        last row's draft log-probs [1, Vd] and the state's head cache of Q + m rows (`runner.start`: compiled,
+        copied into its buffer)."""
+        q = 0 if reused is None else reused[0].shape[2]
+        positions = torch.arange(q, q + tokens.numel(), device=tokens.device)
+        hidden, logp, past = self.eager.encode(self.embeddings(tokens), features, positions, None, reused, scored=1)
         return hidden, logp, self.runner.start(past)
 
     def encode(self, features: torch.Tensor, tokens: torch.Tensor, positions: torch.Tensor,
-               allowed: torch.Tensor | None, past: HeadPast | None,
+               allowed: torch.Tensor | None, past: HeadPast,
                scored: int = 0) -> tuple[torch.Tensor, torch.Tensor | None, HeadPast]:
-        """Head rows (features [q, F], next tokens [q]) at positions [q] over `past`'s P rows (None: a
-        prompt, which runs eagerly); allowed [q, P+q] bool (CPU): the rows each new row attends to
-        (None: causal). Returns outputs [q, H], the draft log-probs [scored, Vd] (fp32, CPU) of the last
-        `scored` rows (0: None) and the cache with the q rows (the rows of `past` itself are not modified)."""
-        embeds = torch.nn.functional.embedding(tokens, self.embed.weight)  # the matrix row, as the trainer reads it
-        runner = self.eager if past is None else self.runner
-        return runner.encode(embeds, features, positions, allowed, past, scored)
+        """Head rows (features [q, F], next tokens [q]) at positions [q] over a state's `past` of P rows
+        (`prefill` made it); allowed [q, P+q] bool (CPU): the rows each new row attends to (None: causal).
+        Returns outputs [q, H], the draft log-probs [scored, Vd] (fp32, CPU) of the last `scored` rows (0:
+        None) and the cache with the q rows (the rows of `past` itself are not modified)."""
+        embeds = self.embeddings(tokens)
+        return self.runner.encode(embeds, features, positions, allowed, past, scored)
+
+    def embeddings(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The head's token inputs [q, H] for tokens [q]: the matrix rows, as the trainer reads them."""
+        return torch.nn.functional.embedding(tokens, self.embed.weight)
 
     # ---- EAGLE-2 ---------------------------------------------------------------------------
 

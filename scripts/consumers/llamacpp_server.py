@@ -6,7 +6,8 @@ Prints `{"ready": true, "startup_seconds": s, "llama_cpp": VERSION}` once the mo
 every request line `{"prompt": [ids], "max_tokens": N}` one line `{"tokens": [...], "seconds": s}`:
 greedy (top-k 1, no repetition penalty), batch size 1, stopping after the model's end-of-generation
 token or N tokens, timed from the prompt's evaluation to the last token. The KV cache is reset
-between requests, so every prompt is evaluated whole (as our methods and vLLM's do).
+between requests, so every prompt is evaluated whole, unless `"keep_prefix": true`: then llama.cpp's own
+prefix match evaluates only the tokens after a prompt's common prefix with the previous one.
 
 `"extra_buffers": false` loads the weights without llama.cpp's extra buffer types (its AMX and repacked
 CPU layouts; `use_extra_bufts` of llama_model_params, which llama-cpp-python 0.3.36 does not expose):
@@ -40,7 +41,8 @@ def main(config_json: str) -> None:
         if not line.strip():
             continue
         req = json.loads(line)
-        llm.reset()
+        if not cfg.get("keep_prefix", False):
+            llm.reset()
         tokens: list[int] = []
         t0 = time.perf_counter()
         for token in llm.generate(req["prompt"], top_k=1, top_p=1.0, min_p=0.0, temp=0.0, repeat_penalty=1.0,

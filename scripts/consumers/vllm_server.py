@@ -1,7 +1,8 @@
 """One vLLM engine answering prompts one at a time over stdin/stdout (run by .consumers/vllm/bin/python).
 
     python scripts/consumers/vllm_server.py '{"target": DIR, "head": DIR or null, "method": "eagle"|"eagle3",
-                                               "num_speculative_tokens": 3, "dtype": "bfloat16"}'
+                                               "num_speculative_tokens": 3, "dtype": "bfloat16",
+                                               "prefix_caching": false}'
 
 Prints `{"ready": true, "startup_seconds": s, "vllm": VERSION}` once the engine is built, then for
 every request line `{"prompt": [ids], "max_tokens": N}` one line
@@ -52,7 +53,8 @@ def main(config_json: str) -> None:
     start = time.perf_counter()
     llm = LLM(model=cfg["target"], speculative_config=spec, dtype=cfg.get("dtype", "bfloat16"),
               max_model_len=int(cfg.get("max_model_len", 4096)), disable_log_stats=False, seed=0,
-              enforce_eager=bool(cfg.get("enforce_eager", False)), enable_prefix_caching=False)
+              enforce_eager=bool(cfg.get("enforce_eager", False)),
+              enable_prefix_caching=bool(cfg.get("prefix_caching", False)))
     startup = time.perf_counter() - start
     print(json.dumps({"ready": True, "startup_seconds": startup, "vllm": vllm.__version__}), file=out, flush=True)
     for line in sys.stdin:
