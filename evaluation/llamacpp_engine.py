@@ -45,7 +45,8 @@ class LlamaCppEngine:
                                     "(llama-cpp-python built from source, and its converter)")
         gguf = gguf_of(target, gguf_dtype(target, dtype))
         config = {"gguf": str(gguf if quantization is None else quantized(gguf, quantization)), "threads": threads,
-                  "extra_buffers": quantization is None, "keep_prefix": prefix_cache}  # a Q4_1 file in llama.cpp's AMX buffers crashes here
+                  "extra_buffers": quantization is None,  # a Q4_1 file in llama.cpp's AMX buffers crashes here
+                  "keep_prefix": prefix_cache}
         self.child = JsonLineChild([str(PYTHON), str(SERVER), json.dumps(config)], child_env(threads, foreign=True),
                                    "llama.cpp engine", log=True)
         self.startup_seconds, self.version = self.child.ready["startup_seconds"], self.child.ready["llama_cpp"]

@@ -23,7 +23,7 @@ class Run:
     equal_to_vanilla: bool | None = None
     divergence: dict | None = None  # where a greedy output left vanilla's, and how close a tie it was
     prefill_seconds: float | None = None  # of `seconds`, the prompt's forward (our decoders only)
-    cached_tokens: int | None = None  # prompt tokens whose KV rows the previous turn left (our decoders, --prefix-cache)
+    cached_tokens: int | None = None  # prompt tokens with KV rows from the previous turn (ours, --prefix-cache)
 
     @property
     def tau(self) -> float:
