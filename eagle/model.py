@@ -254,9 +254,9 @@ class EaModel(nn.Module):
         way when greedy (temperature 0). Stops at `max_new_tokens`, at `max_length` tokens in all, or
         after an end token. Returns ids [1, S+new] (prompt + new), or (ids, new_tokens, steps) with log;
         stream=True: an iterator of the new tokens as they are decided ([n] long tensors), `last_stats`
-        complete when it ends. prefix_cache=True: the prompt's common prefix with the previous
-        prefix_cache=True generation's tokens takes that generation's KV rows instead of a prefill, and this
-        generation keeps its own for the next (a chat's turns; eagle/decoding/prefix_cache.py)."""
+        complete when it ends. prefix_cache=True: the prompt's common prefix with the previous generation's
+        tokens takes that generation's KV rows instead of a prefill (when it too ran with prefix_cache=True and
+        to its end), and this generation keeps its own for the next (a chat's turns; eagle/decoding/prefix_cache.py)."""
         if method not in METHODS:
             raise ValueError(f"method={method!r}: use 'eagle' (speculative decoding) or 'naive' (plain decoding)")
         if stream and log:

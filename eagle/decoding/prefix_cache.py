@@ -3,8 +3,8 @@
 A chat's next prompt is its previous prompt, the reply and a new message. With `prefix_cache=True` a generation
 ends by copying its caches' rows out of the runners (`KeptRows.of`) and the next one, through the same
 `EaModel`, prefills only the tokens after their common prefix (`reusable`), as llama.cpp's and vLLM's servers
-do. The copies are the decoder's own: runners shared with other decoders, the tuner or a background compile
-may overwrite their buffers in between.
+do. The compiled runners give copies (other decoders of the target, the tuner or a background compile may
+overwrite their buffers in between); the eager ones views of caches no later call writes.
 
 Row t of the target's cache holds token ids[t]; row t of the head's holds (f_t, ids[t+1]), so it is valid
 only while ids[t+1] is shared too:
@@ -27,7 +27,7 @@ KVRows = tuple[torch.Tensor, torch.Tensor]  # (keys, values) [1, kvH, rows, D] o
 
 @dataclass
 class KeptRows:
-    """A finished generation's tokens and the rows of its caches, copied out of the runners."""
+    """A finished generation's tokens and the rows of its caches, taken out of the runners."""
 
     ids: torch.Tensor  # [L + 1] its tokens: prompt and generated, the last (the root) in neither cache
     target: list[KVRows]  # per target layer, L rows
@@ -35,7 +35,7 @@ class KeptRows:
 
     @classmethod
     def of(cls, ids: torch.Tensor, target_runner, target_cache, head_runner=None, head_past=None) -> KeptRows | None:
-        """The rows of tokens ids [L + 1] (all but the last) in a state's caches, copied out of their runners
+        """The rows of tokens ids [L + 1] (all but the last) in a state's caches, taken out of their runners
         (eagle/decoding/runners.py `rows`); None where the target's runner cannot give them (a sliding window)."""
         n = ids.numel() - 1
         target = target_runner.rows(target_cache, n)
