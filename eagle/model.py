@@ -351,12 +351,12 @@ class EaModel(nn.Module):
         """Target and head over the prompt [1, S], after the rows of its first Q tokens `kept` holds (`reusable`;
         None: Q = 0); returns the state and the first new token [1]."""
         q = reusable(kept, input_ids[0], head=True)
-        reused = (kept.target_rows(q), kept.head_rows(q)) if q else (None, None)
-        out, cache = self.runner.prefill(input_ids, self.verify_rows, reused[0])  # compiled: room for a tree
+        target_rows, head_rows = (kept.target_rows(q), kept.head_rows(q)) if q else (None, None)
+        out, cache = self.runner.prefill(input_ids, self.verify_rows, target_rows)  # compiled: room for a tree
         logits, features = self._outputs(out, input_ids.shape[1] - q)  # [1, V] (the last row's), [S-Q, F]
         root = sample(logits[-1], params).reshape(1)  # [1]
         ids = torch.cat([input_ids, root[None]], dim=1)  # [1, S+1]
-        hidden, logp, head_past = self.drafter.prefill(features, ids[0, q + 1:], reused[1])
+        hidden, logp, head_past = self.drafter.prefill(features, ids[0, q + 1:], head_rows)
         return DecodeState(ids, cache, head_past, hidden[-1:], logp), root
 
     def draft(self, state: DecodeState) -> Tree:
