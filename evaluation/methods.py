@@ -108,7 +108,7 @@ class Bench:
         model.wait_ready()
         if warmup is not None and warmup.error is not None:
             raise RuntimeError(f"{method}: {warmup.failure}: {warmup.error!r}")
-        model.compile_ahead = False  # a longer prompt's graphs compile at their first call, timed apart (`run`)
+        model.compile_ahead = False  # a shape first met in a timed prompt compiles at its first call (`run`)
         self.startup[method] = {"first_token_s": round(first, 2), "ready_s": round(time.perf_counter() - start, 1)}
         return model
 

@@ -1,7 +1,7 @@
 """`python -m experiments.forward_ab`: a compiled target's forwards with one of our changes and without it, in one
 process.
 
-    python -m experiments.forward_ab {joined,direct,epilogue,gemv} [--base smollm2-135m-instruct] [--dtype auto]
+    python -m experiments.forward_ab {joined,direct,epilogue,gemv,length} [--base smollm2-135m-instruct] [--dtype auto]
                                      [--threads 2] [--rows 1,4,8] [--rounds 20]
 
 - `joined`: each layer's sibling weights joined (q/k/v, gate/up read by one GEMV call each:
@@ -15,6 +15,9 @@ process.
 - `gemv`: graphs whose linear layers take our GEMV (eagle/compiled/gemv.py, `EAGLE_GEMV=auto`) against graphs
   compiled with `EAGLE_GEMV=0`: two copies of the target, the second never joined. Its sums run in another order,
   so the outputs agree to rounding, not bit for bit.
+- `length`: graphs whose cache length is dynamic (every bucket runs them: eagle/compiled/target_graphs.py
+  `_mark_dynamic`) against graphs compiled for the 256-row bucket alone (only a verify's rows marked dynamic, HF's
+  static-address marks kept): two copies of the target. The outputs agree to rounding.
 
 Each side runs its compiled plain step and verify graph over a 256-row cache holding a 120-token prompt. Each
 round times 40 calls (after 5 untimed) of every forward of both sides in turn, so the machine's drift lands on
@@ -35,12 +38,20 @@ from unittest.mock import patch
 import torch
 
 from eagle.common.precision import fast_dtype
-from eagle.compiled import gemv, graph_cache
+from eagle.compiled import gemv, graph_cache, target_graphs
 from eagle.compiled.target_graphs import CompiledTarget
 from eagle.targets.resolve import load_target, resolve_target
 
 PROMPT = 120  # rows the cache holds before the timed forwards
 OURS = graph_cache.compile_options  # the options our graphs compile with
+DYNAMIC_LENGTH = target_graphs._mark_dynamic  # what our graphs mark dynamic before they compile
+
+
+def _rows_only(kwargs: dict, cache, hidden: bool) -> None:
+    """`length`'s other side: a verify's rows dynamic, the cache length static (one graph per bucket)."""
+    if hidden:
+        for name, dim in target_graphs.ROW_DIMS:
+            torch._dynamo.mark_dynamic(kwargs[name], dim, min=target_graphs.MIN_ROWS, max=target_graphs.MAX_ROWS)
 
 
 def sides(change: str, base: str, dtype: str | torch.dtype = "bfloat16"
@@ -48,7 +59,7 @@ def sides(change: str, base: str, dtype: str | torch.dtype = "bfloat16"
     """{"with": (runner, setup), "without": ...}: the runner each side calls, its cache holding the same prompt,
     and what to do before a side's calls (`direct`: give the runner its direct calls, or take them away;
     `epilogue`: the compile options its graphs compile with, at their first calls; `gemv`: the EAGLE_GEMV policy
-    they compile under)."""
+    they compile under; `length`: which dimensions its graphs mark dynamic)."""
     def runner(join: bool) -> CompiledTarget:
         out = CompiledTarget(load_target(resolve_target(base), dtype), join_siblings=join)
         out.prefill(_tokens(out, PROMPT, seed=0)[None], 32)
@@ -67,6 +78,9 @@ def sides(change: str, base: str, dtype: str | torch.dtype = "bfloat16"
 
         return {"with": (runner(True), lambda: setattr(graph_cache, "compile_options", OURS)),
                 "without": (runner(True), lambda: setattr(graph_cache, "compile_options", fused))}
+    if change == "length":
+        return {"with": (runner(True), lambda: setattr(target_graphs, "_mark_dynamic", DYNAMIC_LENGTH)),
+                "without": (runner(True), lambda: setattr(target_graphs, "_mark_dynamic", _rows_only))}
     shared, captured = runner(True), {}
 
     def direct() -> None:
@@ -113,7 +127,7 @@ def timed(calls: dict[tuple[str, str], Callable], setups: dict[str, Callable], r
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m experiments.forward_ab", description=__doc__.splitlines()[0])
-    ap.add_argument("change", choices=("joined", "direct", "epilogue", "gemv"))
+    ap.add_argument("change", choices=("joined", "direct", "epilogue", "gemv", "length"))
     ap.add_argument("--base", default="smollm2-135m-instruct")
     ap.add_argument("--dtype", default="auto", help="auto: bf16 where the CPU has bf16 arithmetic, else fp32")
     ap.add_argument("--threads", type=int, default=2)
@@ -129,6 +143,7 @@ def main(argv: list[str] | None = None) -> dict:
             spent, names, agree = _measured(args)
         finally:
             graph_cache.compile_options = OURS  # `epilogue` swaps it while a side compiles
+            target_graphs._mark_dynamic = DYNAMIC_LENGTH  # and `length` this
     print(f"{args.change}: {args.threads} threads, {args.rounds} rounds; {agree}\n"
           "| forward | with: ms | without: ms | with / without (median of rounds) |\n|---|---|---|---|")
     result = {}
@@ -155,7 +170,7 @@ def _measured(args) -> tuple[dict, list[str], str]:
             setups[side]()
             outputs.append(calls[(side, what)]())
         gap = max(gap, (outputs[0] - outputs[1]).abs().max().item())
-        if gap > (1e-2 if args.change == "gemv" else 0):
+        if gap > (1e-2 if args.change in ("gemv", "length") else 0):
             raise SystemExit(f"{what}: the outputs with and without {args.change} differ by {gap:g}")
     agree = "outputs equal bit for bit" if gap == 0 else f"outputs differ by at most {gap:.2g}"
     return timed(calls, setups, args.rounds), names, agree

@@ -7,8 +7,8 @@ Loads the target and head as a user does, waits for the background preparation, 
 questions in one conversation (160 new tokens each, greedy); the context passes 256 and 512 rows.
 Prints one line per reply: prompt and new tokens, the seconds to the first token, how many prompt tokens
 the previous reply's KV rows gave (`prefix_cache=True`, as `eagle.chat` decodes; off with
---no-prefix-cache), seconds, the longest gap between two streamed pieces after the first, tok/s, and the
-cache buckets with compiled target graphs. `--pause` seconds between
+--no-prefix-cache), seconds, the longest gap between two streamed pieces after the first, tok/s, the
+target's cache bucket in use and the compiled graphs (target + head). `--pause` seconds between
 replies stand for the user reading and typing (background compiles run then).
 """
 
@@ -60,10 +60,11 @@ def main(argv: list[str] | None = None) -> None:
         ids = chat_prompt(model.tokenizer, history)
         new, seconds, first, gap = reply(model, ids, args.max_new_tokens, not args.no_prefix_cache)
         history.append({"role": "assistant", "content": model.tokenizer.decode(new, skip_special_tokens=True)})
-        buckets = sorted({size for size, _, _ in model.compiled.shapes}) if model.compiled is not None else []
+        graphs = "+".join(str(len(r.shapes)) for r in model.runners)
+        bucket = model.compiled.size if model.compiled is not None else "-"
         print(f"reply {i}: prompt {ids.shape[1]} ({model.last_stats.cached_tokens} cached) + {new.numel()} tokens in "
               f"{seconds:.1f} s, first token after {first:.2f} s, longest gap {gap:.2f} s, "
-              f"{new.numel() / seconds:.1f} tok/s, compiled buckets {buckets}", flush=True)
+              f"{new.numel() / seconds:.1f} tok/s, cache bucket {bucket}, graphs {graphs}", flush=True)
         time.sleep(args.pause)
 
 

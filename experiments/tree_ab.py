@@ -6,8 +6,8 @@
 One model with the default settings (`total_token="auto"`, a chain of up to 10 tokens), ready and compiled,
 decodes every first turn of each prompt set with plain steps and with each configuration, one after the other
 on each prompt, after an untimed pass over the first four prompts and the longest one that compiles every shape
-(a context that reaches a larger cache bucket compiles that bucket's graphs, seconds each, which would otherwise
-land in one timed prompt). A configuration
+(a head width first met later compiles its graph, seconds each, which would otherwise land in one timed
+prompt). A configuration
 is `N/D+L` (N nodes, depth D, an L-token chain merged at every step that finds one), `tuned` (the tuner's
 pick), or `tuned+L` (the tuned tree with an L-token chain; `tuned+0`: the head's tree alone). Prints per set
 and configuration the median over prompts of its tok/s against plain decoding's on the same prompt (a typical

@@ -1,7 +1,7 @@
 """`EaModel(compile=True)`: the target's forwards compiled over a bucketed static cache
-(eagle/compiled/target_graphs.py; a static plain step, one dynamic-rows verify graph per bucket) give HF
-generate's greedy output in fp32, for plain decoding and for every tree kind, across cache buckets;
-each graph compiles once."""
+(eagle/compiled/target_graphs.py; a one-row plain step, one dynamic-rows verify graph, both for every cache
+length) give HF generate's greedy output in fp32, for plain decoding and for every tree kind, across cache
+buckets; each graph compiles once."""
 
 import logging
 
@@ -47,19 +47,21 @@ def test_eager_and_compiled_runners_share_one_interface():
                                                                                           compiled.drafter.runner]
 
 
-def test_compiled_plain_decoding_equals_hf_generate_and_compiles_once_per_shape():
+def test_compiled_plain_decoding_equals_hf_generate_and_compiles_once_for_every_bucket():
     target = tiny_llama(seed=1)
     model = EaModel(target, random_head(target), settings=FIXED, compile=True)
     assert model.plain.runner is model.runner is model.compiled is CompiledTarget.of(target)
     for seed, length in ((0, 9), (1, 23)):  # two prompt lengths, one bucket: one graph
         ids = prompt(seed, length)
         assert torch.equal(model.naivegenerate(ids, max_new_tokens=30), hf_greedy(target, ids, 30)), seed
-    assert model.compiled.shapes == {(256, 1, False)} and model.compiled.compile_seconds > 0
+    assert model.compiled.shapes == {(1, False)} and model.compiled.compile_seconds > 0
     compiled_once = model.compiled.compile_seconds
-    long = prompt(2, 240)  # 240 + 30 rows: the cache moves to the 512-row bucket mid-generation
-    assert torch.equal(model.naivegenerate(long, max_new_tokens=30), hf_greedy(target, long, 30))
-    assert model.compiled.shapes == {(256, 1, False), (512, 1, False)}
-    assert model.compiled.compile_seconds > compiled_once
+    target.config.max_position_embeddings = 1024  # its rotary embedding has no limit of its own
+    for seed, length in ((2, 240), (3, 600)):  # the cache moves to the 512-row bucket mid-generation; a 1,024-row one
+        ids = prompt(seed, length)
+        assert torch.equal(model.naivegenerate(ids, max_new_tokens=30), hf_greedy(target, ids, 30)), seed
+    assert model.compiled.size == 1024 and model.compiled.shapes == {(1, False)}
+    assert model.compiled.compile_seconds == compiled_once
 
 
 @pytest.mark.parametrize("tree, cpp_wrapper", [*((t, "0") for t in sorted(TREES)), ("dynamic", "1")])
@@ -77,7 +79,7 @@ def test_compiled_eagle_decoding_equals_hf_generate_across_buckets(tree, cpp_wra
         assert torch.equal(model.eagenerate(ids, max_new_tokens=new), hf_greedy(target, ids, new)), (tree, seed)
         lengths += model.last_stats.accept_lengths
     assert max(lengths) >= 3
-    assert {s for s in model.compiled.shapes if s[2]} == {(256, ANY_ROWS, True), (512, ANY_ROWS, True)}
+    assert {s for s in model.compiled.shapes if s[1]} == {(ANY_ROWS, True)}
 
 
 def test_one_verify_graph_serves_every_tree_width_with_eagers_logits():
@@ -105,7 +107,7 @@ def test_one_verify_graph_serves_every_tree_width_with_eagers_logits():
             outs.append((verified.logits, verified.features, new, *after))
     for a, b in zip(*outs, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-    assert graphs[3] == graphs[2] and compiled.compiled.shapes == {(256, ANY_ROWS, True)}
+    assert graphs[3] == graphs[2] and compiled.compiled.shapes == {(ANY_ROWS, True)}
 
 
 def test_compiled_sampling_draws_what_eager_sampling_draws():
@@ -143,7 +145,7 @@ def test_auto_budget_times_the_compiled_widths_and_decodes_losslessly(tmp_path, 
     model = EaModel.from_modules(target, head, settings=TreeSettings(top_k=4), compile=True, background=False)
     assert sorted(model.tuning.verify_ms) == list(COMPILED_SIZES)
     assert model.settings.total_token in (1, *COMPILED_SIZES)  # 1: plain steps were the fastest
-    assert (256, ANY_ROWS, True) in model.compiled.shapes  # every width timed through one graph
+    assert (ANY_ROWS, True) in model.compiled.shapes  # every width timed through one graph
     eager = EaModel.from_modules(target, head, settings=TreeSettings(top_k=4), compile=False, background=False)
     assert len(list((tmp_path / "tree-budgets").glob("*.json"))) == 2  # compiled and eager costs differ
     ids = prompt(6, 15)

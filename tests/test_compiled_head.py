@@ -52,9 +52,9 @@ def test_compiled_head_encodes_and_drafts_what_the_eager_head_does(kind):
             states = [s0, s1]
     runner = models[1].drafter.compiled
     assert runner.size == 512 and states[1].head_past == HeadRows(180 + sum(commits))
-    heads = [shape[1:] for shape in runner.shapes]  # (L, rows, feature width, scored rows)
-    assert {rows for _, rows, _, _ in heads} == {1, 4, 8} and {size for size, _, _, _ in heads} == {256, 512}
-    assert {scored for _, rows, _, scored in heads} == {1, 4}  # commits score their last row, drafts every row
+    heads = [shape[1:] for shape in runner.shapes]  # (rows, feature width, scored rows), every buffer length
+    assert {rows for rows, _, _ in heads} == {1, 4, 8}
+    assert {scored for rows, _, scored in heads} == {1, 4}  # commits score their last row, drafts every row
 
 
 def test_a_state_keeps_its_head_rows_while_drafts_are_written_after_them():
@@ -92,4 +92,4 @@ def test_padded_rows_see_only_themselves():
     assert logp is None and rows == HeadRows(12)
     torch.testing.assert_close(every, expected, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(last, expected[2:], rtol=1e-5, atol=1e-5)
-    assert runner.shapes == {("head", 256, 4, 64, 0), ("head", 256, 4, 64, 4), ("head", 256, 4, 64, 1)}
+    assert runner.shapes == {("head", 4, 64, 0), ("head", 4, 64, 4), ("head", 4, 64, 1)}

@@ -1,6 +1,6 @@
 """experiments/forward_ab.py: a compiled target's forwards with one of our changes and without it (sibling weights
-joined; graphs called directly; the GEMM template's epilogue fusion off; our GEMV), timed in one process, on a tiny
-model."""
+joined; graphs called directly; the GEMM template's epilogue fusion off; our GEMV; a dynamic cache length), timed in
+one process, on a tiny model."""
 
 from __future__ import annotations
 
@@ -28,18 +28,21 @@ def test_forwards_with_and_without_a_change_are_timed_side_by_side(monkeypatch, 
     assert "outputs equal bit for bit" in capsys.readouterr().out
 
 
-def test_graphs_with_and_without_the_templates_epilogue_fusion_are_timed_side_by_side(monkeypatch, capsys):
+@pytest.mark.parametrize("change", ["epilogue", "length"])
+def test_fp32_graphs_with_and_without_a_compile_time_change_are_timed_side_by_side(monkeypatch, capsys, change):
     """`epilogue`: fp32 graphs whose matmuls take the GEMM template, compiled with our options and with the
-    template's epilogue fusion on; same bits, and the options our graphs compile with are ours again after."""
+    template's epilogue fusion on. `length`: our graphs (the cache length dynamic) against graphs of the 256-row
+    bucket alone. Same bits, and what our graphs compile with is ours again after."""
     monkeypatch.setenv("EAGLE_MATMULS", "template")
     monkeypatch.setattr(forward_ab, "resolve_target", lambda base: base)
     monkeypatch.setattr(forward_ab, "load_target", lambda path, dtype: tiny_llama(seed=5, dtype=dtype))
     monkeypatch.setattr(forward_ab, "PROMPT", 12)
-    result = forward_ab.main(["epilogue", "--dtype", "float32", "--threads", str(torch.get_num_threads()),
+    result = forward_ab.main([change, "--dtype", "float32", "--threads", str(torch.get_num_threads()),
                               "--rows", "3", "--rounds", "1"])
     assert set(result) == {"plain", "verify 3"} and "outputs equal bit for bit" in capsys.readouterr().out
     assert forward_ab.graph_cache.compile_options is forward_ab.OURS
     assert forward_ab.OURS()["epilogue_fusion"] is False
+    assert forward_ab.target_graphs._mark_dynamic is forward_ab.DYNAMIC_LENGTH
 
 
 @pytest.mark.skipif(not gemv.f32_capable(cpu_flags()), reason="the fp32 kind needs AVX512F or AVX2")
@@ -55,3 +58,4 @@ def test_graphs_with_and_without_the_gemv_are_timed_side_by_side(monkeypatch, ca
                               "--rows", "3", "--rounds", "1"])
     assert set(result) == {"plain", "verify 3"} and "outputs" in capsys.readouterr().out
     assert os.environ["EAGLE_GEMV"] == "auto"
+

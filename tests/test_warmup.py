@@ -62,7 +62,10 @@ def test_compiled_model_decodes_eagerly_until_its_graphs_are_compiled(quick_tune
     assert torch.equal(model.eagenerate(ids, max_new_tokens=20), hf_greedy(target, ids, 20))
     assert model.wait_ready(timeout=600)
     assert model.runner is model.compiled and model.drafter.runner is model.drafter.compiled
-    assert {rows for _, rows, hidden in model.compiled.shapes if hidden} == {ANY_ROWS}  # the verify graph, compiled
+    assert {rows for rows, hidden in model.compiled.shapes if hidden} == {ANY_ROWS}  # the verify graph, compiled
+    width = model.drafter.feature_width
+    commits = {rows for _, rows, w, scored in model.drafter.compiled.shapes if (w, scored) == (width, 1)}
+    assert commits >= {1, 2, 4}  # a commit of every accepted length depth 2 allows (3 tokens, padded to 4)
     assert not quick_tuner  # a numeric budget: nothing to tune
     assert torch.equal(model.eagenerate(ids, max_new_tokens=20), hf_greedy(target, ids, 20))
 

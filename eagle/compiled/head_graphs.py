@@ -23,9 +23,10 @@ calls of the head instead of four.
   nodes are written after them and overwritten by the next commit, so a state's rows never change.
 - **Fixed widths.** A call of m rows is padded to the next power of two; padded rows attend to
   themselves only and land past the real ones, where no later mask looks.
-- **Graphs:** one per (L, rows, feature width, scored rows) (an EAGLE-3 head reads 3H-wide target
-  features at the root, its own H-wide states deeper; the scorer reads all `rows`, the last row, or
-  none), compiled at the first call (a few seconds each, inductor's cache in a second process);
+- **Graphs:** one per (rows, feature width, scored rows) for every buffer length (L is a dynamic
+  dimension of the mask, keys and values; an EAGLE-3 head reads 3H-wide target features at the
+  root, its own H-wide states deeper; the scorer reads all `rows`, the last row, or none), compiled
+  at the first call (a few seconds each, inductor's cache in a second process);
   `compile_seconds` sums those first calls. Under `defer` a shape without a graph runs eagerly and
   compiles between generations (`pending`, `prepare`: eagle/tuning/compile_ahead.py). Later calls
   of a shape run its graph's code without dynamo's lookup (eagle/compiled/direct_call.py).
@@ -42,7 +43,7 @@ from torch import nn
 
 from eagle.compiled import direct_call, gemv, sibling_weights
 from eagle.compiled.graph_cache import compiled_call, threads_match
-from eagle.compiled.target_graphs import bucket, padded_mask, pending_shapes
+from eagle.compiled.target_graphs import BUCKET, MAX_CACHE, bucket, padded_mask
 from eagle.heads.draft_vocab import draft_log_probs
 from eagle.heads.eagle2 import KVCache
 
@@ -69,11 +70,10 @@ class CompiledHead:
         self._eager = {self._forward: self._head_rows, self._scored: self._scored_rows}  # each graph's eager code
         self._direct: dict[tuple, object] = {}  # shape -> its graph's code (eagle/compiled/direct_call.py), or None
         self.compile_seconds = 0.0  # the first calls of each shape, summed
-        self.shapes: set[tuple] = set()  # ("head", L, rows, feature width, scored rows) compiled so far
+        self.shapes: set[tuple] = set()  # ("head", rows, feature width, scored rows) compiled so far
         self.threads = torch.get_num_threads()  # the model's: its graphs compile and run at it (threads_match)
         self.defer = False  # True: a shape not compiled yet runs eagerly and waits in `missing` (see `prepare`)
         self.missing: set[tuple] = set()  # head shapes run eagerly, to compile between generations
-        self.reached = 0  # rows the latest head call filled (past + rows)
         self.embed_width = 0  # H of the token embeddings the head reads (set at the first call)
         self.keys: torch.Tensor | None = None  # [1, layers*kvH, L, D]
         self.values: torch.Tensor | None = None
@@ -109,26 +109,30 @@ class CompiledHead:
         embeds, features = _pad_rows(embeds, rows), _pad_rows(features, rows)
         positions = torch.cat([positions, positions.new_full((rows - m,), p)])
         cache_rows = torch.arange(p, p + rows, device=device)
-        self.reached, self.embed_width = p + rows, embeds.shape[1]
+        self.embed_width = embeds.shape[1]
         args = (embeds, features, positions, mask, self.keys, self.values, cache_rows)
         if not scored:
-            hidden = self._call(("head", self.size, rows, features.shape[1], 0), self._forward, *args)
+            hidden = self._call(("head", rows, features.shape[1], 0), self._forward, *args)
             return hidden[:m], None, HeadRows(p + m)
         picked = torch.arange(rows) if scored == m else torch.arange(m - scored, m)  # all rows: padding's too
-        shape = ("head", self.size, rows, features.shape[1], picked.numel())
+        shape = ("head", rows, features.shape[1], picked.numel())
         hidden, logp = self._call(shape, self._scored, *args, picked.to(device))
         return hidden[:m], logp[:scored].cpu(), HeadRows(p + m)
 
+    def commit_shapes(self, most: int, width: int) -> list[tuple]:
+        """The shapes of a commit (the accepted tokens' rows, target features `width` wide, the last row scored)
+        of 1..`most` rows, padded as `encode` pads them."""
+        return [("head", 1 << i, width, 1) for i in range(_padded(most).bit_length())]
+
     def pending(self) -> list[tuple]:
-        """Head shapes worth compiling before the next generation (`pending_shapes`)."""
-        size = self.size if self.keys is not None else None
-        return pending_shapes(self.missing, self.shapes, size, self.reached,
-                              lambda s: ("head", 2 * size, *s[2:]) if s[:2] == ("head", size) else None)
+        """Head shapes that ran eagerly, to compile before the next generation."""
+        return sorted(self.missing - self.shapes)
 
     def prepare(self, shape: tuple) -> None:
-        """Compile one ("head", L, rows, feature width, scored rows) shape by a call on zeros (its own
+        """Compile one ("head", rows, feature width, scored rows) shape by a call on zeros (its own
         buffers: the decode state's rows stay as they are)."""
-        _, size, rows, width, scored = shape
+        _, rows, width, scored = shape
+        size = self.size
         keys = self.keys.new_zeros(*self.keys.shape[:2], size, self.keys.shape[3])  # [1, C, L, D]
         embeds = keys.new_zeros(rows, self.embed_width)  # [rows, H]
         features = keys.new_zeros(rows, width)  # [rows, F]
@@ -155,6 +159,9 @@ class CompiledHead:
         direct = self._direct.get(shape)
         if direct is not None:  # its graph, without dynamo's lookup
             return direct(*args)
+        _, _, _, mask, keys, values, *_ = args
+        for t, dim in ((mask, 3), (keys, 2), (values, 2)):  # the buffer's length: one graph for every bucket
+            torch._dynamo.mark_dynamic(t, dim, min=BUCKET, max=MAX_CACHE)
         if compiling:
             log.info("compiling the draft's %s for shape %s (once per process)", shape[0], shape[1:])
         start = time.perf_counter()

@@ -16,18 +16,19 @@ compiled with `fullgraph=True`, `dynamic=False` and inductor's `freezing` runs 1
 to 1.7× (a 24-node tree) faster than the eager one, but only while the cache it attends over
 spans about the context: over a 1,024-row cache for a 224-token context the gain was gone.
 
-- **Cache in length buckets.** One `StaticCache` per size 256 · 2^i rows, kept for the process
-  (a new StaticCache per call made the graph read the old one: HF marks its tensors as static
-  addresses). A forward that would run past the end moves the committed rows into the next bucket.
-- **One graph per bucket for every tree width.** A verify forward (with hidden states) of k
-  tokens runs k rows (a one-node tree is padded to 2, the smallest dynamic width): its row count
-  is a dynamic dimension (`torch._dynamo.mark_dynamic`, 2..MAX_ROWS), so one graph serves the
-  tuner's widths, every tree and every tree with a lookup chain. The C++ GEMM template takes a
-  dynamic row count: at 2-16 rows the dynamic graph ran 2-5 % slower than a graph per width, and
-  a new machine compiles one verify graph where it compiled five (docs/speed.md). The plain step
-  (one row, no hidden states) keeps a static graph of its own, its fastest. A padded row attends
-  to itself only and lands in a cache row past the committed ones, which no later mask shows.
-  Graphs are keyed (bucket, rows, hidden), rows ANY_ROWS for the dynamic one, and compile at
+- **Cache in length buckets.** One `StaticCache` per size 256 · 2^i rows, kept for the process.
+  A forward that would run past the end moves the committed rows into the next bucket.
+- **One graph for every bucket and tree width.** The cache length is a dynamic dimension of
+  every graph (the mask's columns, each layer's keys and values: `_mark_dynamic`), so a
+  conversation that outgrows a bucket runs the graphs it has. A verify forward (with hidden
+  states) of k tokens runs k rows (a one-node tree is padded to 2, the smallest dynamic width):
+  its row count is dynamic too (2..MAX_ROWS), so one graph serves the tuner's widths, every tree
+  and every tree with a lookup chain. The C++ GEMM template takes a dynamic row count: at 2-16
+  rows the dynamic graph ran 2-5 % slower than a graph per width, and a new machine compiles one
+  verify graph where it compiled five (docs/speed.md). The plain step (one row, no hidden states)
+  keeps a graph of its own, its fastest. A padded row attends to itself only and lands in a cache
+  row past the committed ones, which no later mask shows.
+  Graphs are keyed (rows, hidden), rows ANY_ROWS for the dynamic one, and compile at
   their first call with `compile_options` (eagle/compiled/graph_cache.py: the C++ GEMM template's
   matmuls, cached on disk for the next process, keyed by the target's weights); under `defer`
   that call runs eagerly over the same cache and the shape compiles later, between generations
@@ -72,6 +73,7 @@ log = logging.getLogger("eagle")
 BUCKET = 256  # rows of the smallest cache
 MIN_ROWS, MAX_ROWS = 2, 256  # the dynamic verify graph's row counts (a one-node tree is padded to 2)
 ANY_ROWS = 0  # the rows of the dynamic graph's shape key
+MAX_CACHE = 1 << 20  # the largest cache length the graphs are compiled for (a dynamic dimension)
 PREPARE_ROWS = 8  # the width `prepare` compiles the dynamic graph at (inductor's size hint)
 # the dynamic dimension of each argument of a verify forward: its rows
 ROW_DIMS = (("input_ids", 1), ("position_ids", 1), ("cache_position", 0), ("attention_mask", 2))
@@ -96,16 +98,6 @@ def bucket(rows: int) -> int:
     while size < rows:
         size *= 2
     return size
-
-
-def pending_shapes(missing: set, shapes: set, size: int | None, reached: int, twin) -> list:
-    """The graphs a runner should compile before the next generation: the shapes that ran eagerly, and,
-    once a call has filled half of the buffer in use (`size` rows), the next size's twins of the shapes
-    compiled for this one (`twin(shape)`: that twin, or None for a shape of another size)."""
-    ahead = set(missing)
-    if size is not None and 2 * reached > size:
-        ahead |= {t for t in map(twin, shapes) if t is not None}
-    return sorted(ahead - shapes)
 
 
 def wanted(compile: bool | None) -> bool:
@@ -135,12 +127,11 @@ class CompiledTarget:
         if self.grouped:
             install_grouped_sdpa()
         self.compile_seconds = 0.0  # the first calls of each shape, summed
-        self.shapes: set[tuple[int, int, bool]] = set()  # (bucket, rows or ANY_ROWS, hidden) compiled so far
+        self.shapes: set[tuple[int, bool]] = set()  # (rows or ANY_ROWS, hidden) compiled so far
         self.threads = torch.get_num_threads()  # the model's: its graphs compile and run at it (threads_match)
         self.defer = False  # True: a shape not compiled yet runs eagerly and waits in `missing` (see `prepare`)
-        self.missing: set[tuple[int, int, bool]] = set()  # shapes run eagerly, to compile between generations
-        self.reached = 0  # rows the latest forward filled (past + rows)
-        self._direct: dict[tuple[int, int, bool], object] = {}  # shape -> its graph's code (direct_call.py), or None
+        self.missing: set[tuple[int, bool]] = set()  # shapes run eagerly, to compile between generations
+        self._direct: dict[tuple[int, bool], object] = {}  # shape -> its graph's code (direct_call.py), or None
         self._caches: dict[int, StaticCache] = {}
         self.cache: StaticCache | None = None  # the bucket in use
 
@@ -229,33 +220,23 @@ class CompiledTarget:
         if past + rows > self.size:
             self._grow(past, bucket(past + rows))
         tokens, positions = _pad(tokens, rows, 0), _pad(positions, rows, past)  # [rows]
-        self.reached = past + rows
         return self._run(tokens, positions, self._mask(visible, past, rows), past, rows, hidden)
 
-    def pending(self) -> list[tuple[int, int, bool]]:
-        """(bucket, rows or ANY_ROWS, hidden) shapes worth compiling before the next generation (`pending_shapes`)."""
-        size = self.size if self.cache is not None else None
-        return pending_shapes(self.missing, self.shapes, size, self.reached,
-                              lambda s: (2 * size, *s[1:]) if s[0] == size else None)
+    def pending(self) -> list[tuple[int, bool]]:
+        """(rows or ANY_ROWS, hidden) shapes that ran eagerly, to compile before the next generation."""
+        return sorted(self.missing - self.shapes)
 
-    def prepare(self, shape: tuple[int, int, bool]) -> None:
-        """Compile one (bucket, rows or ANY_ROWS, hidden) shape by a forward of padding tokens in that bucket
-        (PREPARE_ROWS of them for the dynamic graph). Only between generations: it writes rows of that
-        bucket's cache that the next prompt overwrites."""
-        size, rows, hidden = shape
-        rows = rows or PREPARE_ROWS
-        keep, self.cache = self.cache, self._bucket(size)
-        try:
-            for layer, ref in zip(self.cache.layers, keep.layers, strict=True):
-                if not layer.is_initialized:
-                    layer.lazy_initialization(ref.keys, ref.values)
-            past = size - rows
-            tokens = torch.zeros(rows, dtype=torch.long, device=self.target.device)  # [rows]
-            positions = torch.arange(past, size, device=tokens.device)  # [rows]
-            visible = torch.ones(1, 1, dtype=torch.bool)  # one real row, padded to `rows`
-            self._run(tokens, positions, self._mask(visible, past, rows), past, rows, hidden, compile_now=True)
-        finally:
-            self.cache = keep
+    def prepare(self, shape: tuple[int, bool]) -> None:
+        """Compile one (rows or ANY_ROWS, hidden) shape by a forward of padding tokens at the end of the bucket in
+        use (PREPARE_ROWS of them for the dynamic graph). Only between generations: it writes rows that the next
+        prompt overwrites."""
+        rows, hidden = shape
+        rows, size = rows or PREPARE_ROWS, self.size
+        past = size - rows
+        tokens = torch.zeros(rows, dtype=torch.long, device=self.target.device)  # [rows]
+        positions = torch.arange(past, size, device=tokens.device)  # [rows]
+        visible = torch.ones(1, 1, dtype=torch.bool)  # one real row, padded to `rows`
+        self._run(tokens, positions, self._mask(visible, past, rows), past, rows, hidden, compile_now=True)
         self.missing.discard(shape)
 
     def _run(self, tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor, past: int, rows: int,
@@ -265,7 +246,7 @@ class CompiledTarget:
         compiles now, or under `defer` (and not compile_now) runs eagerly over the same cache and joins
         `missing`."""
         self._seek(past)
-        shape = (self.size, ANY_ROWS if hidden else rows, hidden)
+        shape = (ANY_ROWS if hidden else rows, hidden)
         compiling = shape not in self.shapes
         kwargs = dict(input_ids=tokens[None], position_ids=positions[None],
                       cache_position=torch.arange(past, past + rows, device=tokens.device), attention_mask=mask,
@@ -280,12 +261,10 @@ class CompiledTarget:
         if direct is not None:  # its graph, without dynamo's lookup
             with one_forward():
                 return direct(**kwargs)
-        if hidden:
-            for name, dim in ROW_DIMS:
-                torch._dynamo.mark_dynamic(kwargs[name], dim, min=MIN_ROWS, max=MAX_ROWS)
+        _mark_dynamic(kwargs, self.cache, hidden)
         if compiling:
             what = f"{MIN_ROWS}-{MAX_ROWS} rows" if hidden else f"{rows} row{'s' * (rows > 1)}"
-            log.info("compiling the target's forward of %s over a %d-row cache (once per process)", what, self.size)
+            log.info("compiling the target's forward of %s, every cache length (once per process)", what)
         start = time.perf_counter()
         with one_forward(), compiled_call(compiling, self.target, threads=self.threads):
             before = direct_call.graphs(self.target.forward) if compiling else set()
@@ -321,6 +300,24 @@ class CompiledTarget:
             now.keys[:, :, :past] = was.keys[:, :, :past]
             now.values[:, :, :past] = was.values[:, :, :past]
         self.cache = new
+
+
+def _mark_dynamic(kwargs: dict, cache: StaticCache, hidden: bool) -> None:
+    """Before a forward goes through dynamo: the rows of a verify's arguments (ROW_DIMS) and the length of the
+    mask and of every layer's keys and values (their bucket) are dynamic, so one graph serves every width and
+    bucket. HF marks a static layer's tensors as static addresses, which the graph would keep: the bucket it was
+    compiled in, and that bucket's write positions, at every later call. Unmarked, dynamo passes the bucket's
+    tensors in at each call."""
+    if hidden:
+        for name, dim in ROW_DIMS:
+            torch._dynamo.mark_dynamic(kwargs[name], dim, min=MIN_ROWS, max=MAX_ROWS)
+    torch._dynamo.mark_dynamic(kwargs["attention_mask"], 3, min=BUCKET, max=MAX_CACHE)
+    for layer in cache.layers:
+        for t in (layer.keys, layer.values, layer.cumulative_length):
+            if hasattr(t, "_dynamo_static_input_type"):
+                del t._dynamo_static_input_type
+        torch._dynamo.mark_dynamic(layer.keys, 2, min=BUCKET, max=MAX_CACHE)
+        torch._dynamo.mark_dynamic(layer.values, 2, min=BUCKET, max=MAX_CACHE)
 
 
 def padded_mask(allowed: torch.Tensor, rows: int, size: int, dtype: torch.dtype) -> torch.Tensor:

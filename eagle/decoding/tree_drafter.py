@@ -38,6 +38,7 @@ class Drafter:
         # compiled: head and scorer at fixed shapes over a preallocated head cache (eagle/compiled/head_graphs.py)
         self.compiled = CompiledHead(head, vocab.scorer) if compiled else None
         self.runner: HeadRunner = self.eager if self.compiled is None else self.compiled  # drafts and commits
+        self.feature_width = 0  # F of the target features a prompt gave it (set at the first prefill)
 
     def use(self, compiled: bool) -> None:
         """Draft through the compiled runner (when there is one) or the eager one."""
@@ -58,6 +59,7 @@ class Drafter:
         last row's draft log-probs [1, Vd] and the state's head cache of Q + m rows (`runner.start`: compiled,
         copied into its buffer)."""
         q = 0 if reused is None else reused[0].shape[2]
+        self.feature_width = features.shape[1]
         positions = torch.arange(q, q + tokens.numel(), device=tokens.device)
         hidden, logp, past = self.eager.encode(self.embeddings(tokens), features, positions, None, reused, scored=1)
         return hidden, logp, self.runner.start(past)

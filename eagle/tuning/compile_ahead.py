@@ -1,13 +1,13 @@
 """Graphs a conversation reaches after the model's preparation, compiled between replies: `CompileAhead`.
 
 Once its background preparation is taken over (eagle/tuning/warmup.py), a model decodes with
-`compile_ahead` on: a forward whose shape has no graph yet (a longer conversation's next cache
-bucket) runs eagerly over the same cache instead of compiling in the middle of a reply (~20 s to
-minutes a graph), and its runner notes the shape (`missing`). When a generation ends, the shapes
-the runners missed, and the next bucket's twins of the bucket in use once a reply has filled half
-of it (`pending`), compile in a daemon thread, one graph at a time while the model is idle. A
-generation that starts while a graph compiles waits for it (an eager forward may not run beside a
-compile: eagle/common/forward_lock.py), then decodes through the graphs.
+`compile_ahead` on: a forward whose shape has no graph yet (a head width or a plain step the
+preparation did not decode; every graph serves every cache length) runs eagerly over the same cache
+instead of compiling in the middle of a reply (~20 s to minutes a graph), and its runner notes the
+shape (`missing`). When a generation ends, the shapes the runners missed (`pending`) compile in a
+daemon thread, one graph at a time while the model is idle. A generation that starts while a graph
+compiles waits for it (an eager forward may not run beside a compile: eagle/common/forward_lock.py),
+then decodes through the graphs.
 
     with compiled_generation(model):   # eagle/tuning/warmup.py generation(), compiled runners
         ...                             # the reply; then the pending shapes compile in the background
@@ -81,5 +81,5 @@ def start_if_pending(model) -> None:
     with runner_lock(model.target):
         pending = sum(len(runner.pending()) for runner in model.runners)
     if pending:
-        log.info("compiling %d graph(s) for longer contexts in the background", pending)
+        log.info("compiling %d graph(s) the last reply ran without in the background", pending)
         model.ahead = CompileAhead(model).start()

@@ -116,5 +116,19 @@ class Warmup(BackgroundWork):
         before = sum(r.compile_seconds for r in view.runners)
         for _ in view.generate(ids, max_new_tokens=COMPILE_TOKENS, method=method, stream=True):
             self.pause()  # a step at a time: the foreground's generations go first
+        self._compile_commits()
         log.info("compiled the decoder's graphs for %s in %.0f s (in the background)",
                  view.settings.describe(), sum(r.compile_seconds for r in view.runners) - before)
+
+    def _compile_commits(self) -> None:
+        """The head's graphs for a commit of every accepted length the settings allow (up to max(depth, lookup) + 1
+        tokens): the calibration decoding meets only some, and a reply that met another would make the next reply
+        wait for its compile (eagle/tuning/compile_ahead.py)."""
+        view, runner = self.view, self.view.drafter.compiled
+        if runner is None or view.plain_decoding:
+            return
+        most = max(view.settings.depth, view.settings.lookup) + 1
+        for shape in runner.commit_shapes(most, view.drafter.feature_width):
+            if shape not in runner.shapes:
+                self.pause()
+                runner.prepare(shape)
