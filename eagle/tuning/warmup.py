@@ -9,7 +9,7 @@ works on a second view of the model that drives the compiled runners (`EaModel.v
    run only while the model is not generating (`pause`), so the foreground decoding does not
    distort them; the pick is cached for the next process (eagle/tuning/budget_cache.py);
 2. **compile** the chosen budget's graphs by decoding a calibration prompt (the tuner has
-   compiled most of them already).
+   compiled most of them already), and the head's commit graphs of every accepted length.
 
 The model takes over the result at the start of its next generation (`EaModel.wait_ready()` at
 once). A failure in the thread leaves the model eager, with a warning. Background work on models
