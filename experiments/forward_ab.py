@@ -1,8 +1,8 @@
 """`python -m experiments.forward_ab`: a compiled target's forwards with one of our changes and without it, in one
 process.
 
-    python -m experiments.forward_ab {joined,direct,epilogue,gemv,length} [--base smollm2-135m-instruct] [--dtype auto]
-                                     [--threads 2] [--rows 1,4,8] [--rounds 20]
+    python -m experiments.forward_ab {joined,direct,epilogue,gemv,length} [--base smollm2-135m-instruct]
+                                     [--dtype auto] [--threads 2] [--rows 1,4,8] [--rounds 20]
 
 - `joined`: each layer's sibling weights joined (q/k/v, gate/up read by one GEMV call each:
   eagle/compiled/sibling_weights.py) against them apart: two copies of the target, one joined (as every
@@ -22,8 +22,8 @@ process.
 Each side runs its compiled plain step and verify graph over a 256-row cache holding a 120-token prompt. Each
 round times 40 calls (after 5 untimed) of every forward of both sides in turn, so the machine's drift lands on
 both; prints each forward's median ms of a call over the rounds, and the median over rounds of with / without.
-The two sides' outputs are checked equal bit for bit first (`gemv`: to fp32 rounding). The first run on a machine compiles the graphs
-(~5 min for two copies of the target); later runs take them from inductor's cache.
+The two sides' outputs are checked equal bit for bit first (`gemv`, `length`: to fp32 rounding). The first run
+on a machine compiles the graphs (~5 min for two copies of the target); later runs take them from inductor's cache.
 """
 
 from __future__ import annotations
@@ -50,8 +50,7 @@ DYNAMIC_LENGTH = target_graphs._mark_dynamic  # what our graphs mark dynamic bef
 def _rows_only(kwargs: dict, cache, hidden: bool) -> None:
     """`length`'s other side: a verify's rows dynamic, the cache length static (one graph per bucket)."""
     if hidden:
-        for name, dim in target_graphs.ROW_DIMS:
-            torch._dynamo.mark_dynamic(kwargs[name], dim, min=target_graphs.MIN_ROWS, max=target_graphs.MAX_ROWS)
+        target_graphs.mark_rows(kwargs)
 
 
 def sides(change: str, base: str, dtype: str | torch.dtype = "bfloat16"

@@ -43,7 +43,7 @@ from torch import nn
 
 from eagle.compiled import direct_call, gemv, sibling_weights
 from eagle.compiled.graph_cache import compiled_call, threads_match
-from eagle.compiled.target_graphs import BUCKET, MAX_CACHE, bucket, padded_mask
+from eagle.compiled.target_graphs import bucket, mark_length, padded_mask
 from eagle.heads.draft_vocab import draft_log_probs
 from eagle.heads.eagle2 import KVCache
 
@@ -161,7 +161,7 @@ class CompiledHead:
             return direct(*args)
         _, _, _, mask, keys, values, *_ = args
         for t, dim in ((mask, 3), (keys, 2), (values, 2)):  # the buffer's length: one graph for every bucket
-            torch._dynamo.mark_dynamic(t, dim, min=BUCKET, max=MAX_CACHE)
+            mark_length(t, dim)
         if compiling:
             log.info("compiling the draft's %s for shape %s (once per process)", shape[0], shape[1:])
         start = time.perf_counter()

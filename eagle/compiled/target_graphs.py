@@ -303,21 +303,31 @@ class CompiledTarget:
 
 
 def _mark_dynamic(kwargs: dict, cache: StaticCache, hidden: bool) -> None:
-    """Before a forward goes through dynamo: the rows of a verify's arguments (ROW_DIMS) and the length of the
+    """Before a forward goes through dynamo: the rows of a verify's arguments (`mark_rows`) and the length of the
     mask and of every layer's keys and values (their bucket) are dynamic, so one graph serves every width and
     bucket. HF marks a static layer's tensors as static addresses, which the graph would keep: the bucket it was
     compiled in, and that bucket's write positions, at every later call. Unmarked, dynamo passes the bucket's
     tensors in at each call."""
     if hidden:
-        for name, dim in ROW_DIMS:
-            torch._dynamo.mark_dynamic(kwargs[name], dim, min=MIN_ROWS, max=MAX_ROWS)
-    torch._dynamo.mark_dynamic(kwargs["attention_mask"], 3, min=BUCKET, max=MAX_CACHE)
+        mark_rows(kwargs)
+    mark_length(kwargs["attention_mask"], 3)
     for layer in cache.layers:
         for t in (layer.keys, layer.values, layer.cumulative_length):
             if hasattr(t, "_dynamo_static_input_type"):
                 del t._dynamo_static_input_type
-        torch._dynamo.mark_dynamic(layer.keys, 2, min=BUCKET, max=MAX_CACHE)
-        torch._dynamo.mark_dynamic(layer.values, 2, min=BUCKET, max=MAX_CACHE)
+        mark_length(layer.keys, 2)
+        mark_length(layer.values, 2)
+
+
+def mark_rows(kwargs: dict) -> None:
+    """A verify forward's row count is dynamic in each of its arguments (ROW_DIMS)."""
+    for name, dim in ROW_DIMS:
+        torch._dynamo.mark_dynamic(kwargs[name], dim, min=MIN_ROWS, max=MAX_ROWS)
+
+
+def mark_length(t: torch.Tensor, dim: int) -> None:
+    """Dimension `dim` of t is a cache's length: dynamic, one graph for every bucket."""
+    torch._dynamo.mark_dynamic(t, dim, min=BUCKET, max=MAX_CACHE)
 
 
 def padded_mask(allowed: torch.Tensor, rows: int, size: int, dtype: torch.dtype) -> torch.Tensor:
