@@ -3,6 +3,7 @@ removed, not waited on forever, and loads of one extension take turns."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -63,3 +64,26 @@ def test_loads_of_one_extension_take_turns(monkeypatch, tmp_path):
     thread.join()
     assert name.startswith("eagle_turns_") and len(calls) == 1
     assert calls[0][0] >= released[0] and calls[0][1] is False  # after the other build, its lock gone with it
+
+
+def test_loads_run_the_pinned_ninja(monkeypatch, tmp_path):
+    """torch runs `ninja` from PATH: a load finds the `ninja` package's own first, whichever ninja PATH lists
+    first (a system ninja of another version hashes build commands differently and rebuilt every kernel), and
+    PATH is as it was afterwards."""
+    import shutil
+
+    import ninja
+
+    other = tmp_path / "bin"
+    other.mkdir()
+    (other / "ninja").write_text("#!/bin/sh\nexit 1\n")
+    (other / "ninja").chmod(0o755)
+    monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
+    monkeypatch.setenv("PATH", f"{other}{os.pathsep}{os.environ['PATH']}")
+    path = os.environ["PATH"]
+    assert shutil.which("ninja") == str(other / "ninja")
+    found = []
+    monkeypatch.setattr(cpp_extension, "load", lambda name, *a, **k: found.append(shutil.which("ninja")) or name)
+    native_build.native_extension("eagle_pinned", tmp_path / "x.cpp")
+    assert found == [os.path.join(ninja.BIN_DIR, "ninja")]
+    assert os.environ["PATH"] == path

@@ -11,13 +11,22 @@ the build's folder, which it waits for while it exists; a process killed in ther
 chat loads, a job stopped) leaves the file behind, and every later process waited forever without a word.
 Our loads take an flock first (`in_turn`: the system drops it with its process), so a `lock` found while
 holding it is such a leftover, and goes.
+
+ninja keeps a hash of each build command in the folder's `.ninja_log`, and ninja 1.11 (a system package) and
+1.13 (requirements.txt's) hash the same command differently: each saw the other's build as out of date, so a
+process started with the virtualenv active (its ninja first on PATH) after one started without (the system's
+first) rebuilt both kernels, ~30 s each, before its first token. Our loads run the ninja of the `ninja` package
+we pin (`_pinned_ninja`), whatever PATH holds.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
+import os
 import platform
+import threading
 from functools import cache
 from pathlib import Path
 
@@ -27,6 +36,7 @@ log = logging.getLogger("eagle")
 TORCH_LOCK = "lock"  # torch's build lock in the build folder (torch.utils.file_baton)
 TURN = "eagle-build.flock"  # ours beside it
 
+_PATH_LOCK = threading.Lock()  # one load at a time changes os.environ["PATH"]
 FLAGS = ["-O3", "-march=native", "-ffast-math", "-fopenmp"]  # OpenMP: the kernels' threads, in torch's libgomp
 
 
@@ -56,10 +66,28 @@ def native_extension(stem: str, source: Path):
     from torch.utils import cpp_extension
 
     folder = build_folder(stem)
-    with in_turn(folder / TURN):
+    with in_turn(folder / TURN), _pinned_ninja():
         _drop_leftover_lock(folder)
         return cpp_extension.load(folder.name, [str(source)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
                                   verbose=False)
+
+
+@contextlib.contextmanager
+def _pinned_ninja():
+    """PATH with the pinned `ninja` package's folder first while torch runs `ninja` (unchanged without the
+    package: torch then finds one on PATH or says it has none)."""
+    try:
+        import ninja
+    except ImportError:
+        yield
+        return
+    with _PATH_LOCK:
+        before = os.environ.get("PATH", "")
+        os.environ["PATH"] = os.pathsep.join([ninja.BIN_DIR, before]) if before else ninja.BIN_DIR
+        try:
+            yield
+        finally:
+            os.environ["PATH"] = before
 
 
 def build_folder(stem: str) -> Path:
