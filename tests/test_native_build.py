@@ -31,7 +31,7 @@ def test_a_real_build_goes_on_past_a_lock_a_stopped_build_left(tmp_path):
         os.environ["TORCH_EXTENSIONS_DIR"] = {str(tmp_path / "ext")!r}
         from pathlib import Path
         from eagle.common.native_build import build_folder, native_extension
-        (build_folder("eagle_twice") / "lock").touch()  # what a build killed mid-way leaves
+        (build_folder("eagle_twice", Path({str(source)!r})) / "lock").touch()  # what a build killed mid-way leaves
         print(native_extension("eagle_twice", Path({str(source)!r})).twice(21))
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=True)
@@ -43,7 +43,7 @@ def test_loads_of_one_extension_take_turns(monkeypatch, tmp_path):
     """A load waits while another process holds the turn (here a thread: flock locks are per open file), and a
     live holder's torch lock is left alone until then."""
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
-    folder = native_build.build_folder("eagle_turns")
+    folder = native_build.build_folder("eagle_turns", tmp_path / "x.cpp")
     calls = []
     monkeypatch.setattr(cpp_extension, "load", lambda name, *a, **k: calls.append(
         (time.monotonic(), (folder / native_build.TORCH_LOCK).exists())) or name)
@@ -87,3 +87,11 @@ def test_loads_run_the_pinned_ninja(monkeypatch, tmp_path):
     native_build.native_extension("eagle_pinned", tmp_path / "x.cpp")
     assert found == [os.path.join(ninja.BIN_DIR, "ninja")]
     assert os.environ["PATH"] == path
+
+
+def test_two_copies_of_a_source_build_in_their_own_folders(tmp_path):
+    """torch's build.ninja names the source's path: two checkouts sharing one folder rebuilt at every switch."""
+    a, b = tmp_path / "a" / "k.cpp", tmp_path / "b" / "k.cpp"
+    assert native_build.build_folder("eagle_k", a) != native_build.build_folder("eagle_k", b)
+    same = tmp_path / "b" / ".." / "a" / "k.cpp"
+    assert native_build.build_folder("eagle_k", a) == native_build.build_folder("eagle_k", same)

@@ -4,7 +4,9 @@
 
 Built with `-march=native` (the CPU's own vector instructions) and OpenMP (torch's threads run the kernels)
 into torch's extensions cache at first use (~15-20 s), then loaded from it. The build is named by `cpu_key()`,
-so a home folder shared by nodes of different CPUs never hands one node's binary to another.
+so a home folder shared by nodes of different CPUs never hands one node's binary to another, and by the source's
+path (`path_key`): torch's `build.ninja` names the source, so two checkouts on one machine (a CI clone beside the
+working tree) sharing a folder rewrote it in turn and rebuilt at every switch.
 
 torch guards each build (and each load: it runs ninja to check the build is current) with a file, `lock` in
 the build's folder, which it waits for while it exists; a process killed in there (Ctrl-C while a first
@@ -62,10 +64,11 @@ def _cpuinfo() -> list[str]:
 
 
 def native_extension(stem: str, source: Path):
-    """The extension of `source` built for this CPU, named `stem` and `cpu_key()`. Raises where it cannot be built."""
+    """The extension of `source` built for this CPU, named `stem`, `cpu_key()` and `path_key(source)`. Raises
+    where it cannot be built."""
     from torch.utils import cpp_extension
 
-    folder = build_folder(stem)
+    folder = build_folder(stem, source)
     with in_turn(folder / TURN), _pinned_ninja():
         _drop_leftover_lock(folder)
         return cpp_extension.load(folder.name, [str(source)], extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
@@ -90,11 +93,17 @@ def _pinned_ninja():
             os.environ["PATH"] = before
 
 
-def build_folder(stem: str) -> Path:
-    """torch's build folder of the extension `stem` on this CPU (named `stem` and `cpu_key()`)."""
+def path_key(source: Path) -> str:
+    """A short digest of the source file's absolute path."""
+    return hashlib.sha256(str(Path(source).resolve()).encode()).hexdigest()[:6]
+
+
+def build_folder(stem: str, source: Path) -> Path:
+    """torch's build folder of the extension `stem` of `source` on this CPU (named `stem`, `cpu_key()` and
+    `path_key(source)`)."""
     from torch.utils import cpp_extension
 
-    return Path(cpp_extension._get_build_directory(f"{stem}_{cpu_key()}", verbose=False))
+    return Path(cpp_extension._get_build_directory(f"{stem}_{cpu_key()}_{path_key(source)}", verbose=False))
 
 
 def _drop_leftover_lock(folder: Path) -> None:
