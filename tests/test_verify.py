@@ -85,6 +85,26 @@ def test_verify_greedy_accepts_a_whole_path_to_a_leaf():
     assert path.tolist() == [0, 1, 2] and bonus == 4
 
 
+def test_verify_greedy_takes_the_longest_matching_path_of_random_trees():
+    """Against every node's own check: a node is acceptable when each drafted token on its path equals the target's
+    argmax after its parent; the accepted path ends at the deepest acceptable node (the first leaf's among equals)."""
+    for seed in range(200):
+        tree = random_tree(seed, 2 + seed % 14, vocab=3)
+        logits = torch.randn(tree.size, 3, generator=torch.Generator().manual_seed(seed))
+        best = logits.argmax(-1).tolist()
+        parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+
+        def acceptable(node: int) -> bool:
+            return node == 0 or (tokens[node] == best[parents[node]] and acceptable(parents[node]))
+
+        deepest = max(tree.depths[i] for i in range(tree.size) if acceptable(i))
+        path, bonus = verify_greedy(tree, logits)
+        assert len(path) == deepest + 1 and all(acceptable(i) for i in path.tolist())
+        assert path.tolist() == [i for i in tree.retrieve[(tree.retrieve == path[-1]).any(1)][0].tolist() if i >= 0][
+            : len(path)]
+        assert bonus == best[path[-1]] and path.dtype == torch.long
+
+
 @pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 0.0), (0.7, 5, 0.0), (1.3, 0, 0.8), (1.0, 7, 0.5)])
 def test_process_logits_matches_hf_warpers(temperature, top_k, top_p):
     logits = torch.randn(4, 50, generator=torch.Generator().manual_seed(3)) * 2

@@ -62,6 +62,7 @@ from transformers import StaticCache
 from eagle.common.forward_lock import eager_forward, one_forward
 from eagle.common.profiled import profiled
 from eagle.compiled import direct_call, gemv, sibling_weights
+from eagle.compiled.cache_views import CacheViews
 from eagle.compiled.graph_cache import compiled_call, threads_match
 from eagle.compiled.grouped_attention import GROUPED, grouped_sdpa_applies, install_grouped_sdpa
 from eagle.decoding.eager_target import prompt_forward
@@ -132,6 +133,7 @@ class CompiledTarget:
         self.defer = False  # True: a shape not compiled yet runs eagerly and waits in `missing` (see `prepare`)
         self.missing: set[tuple[int, bool]] = set()  # shapes run eagerly, to compile between generations
         self._direct: dict[tuple[int, bool], object] = {}  # shape -> its graph's code (direct_call.py), or None
+        self._cache_views: CacheViews | None = None  # NumPy views of the bucket in use (`_views`)
         self._caches: dict[int, StaticCache] = {}
         self.cache: StaticCache | None = None  # the bucket in use
 
@@ -164,12 +166,16 @@ class CompiledTarget:
         """Move rows past + accepted [n] to past.. in every layer; the next forward writes after them.
         Rows already in place (accepted = 0, 1, .., n-1: a chain's prefix, or the root alone) stay.
         cache: this runner."""
-        n = accepted.numel()
-        if not torch.equal(accepted.cpu(), torch.arange(n)):
-            for layer in self.cache.layers:
-                move_rows(layer.keys, past, accepted)
-                move_rows(layer.values, past, accepted)
-        self._seek(past + n)
+        rows = accepted.tolist()
+        if rows != list(range(len(rows))):
+            views = self._views()
+            if views is not None:
+                views.move(past, rows)
+            else:
+                for layer in self.cache.layers:
+                    move_rows(layer.keys, past, accepted)
+                    move_rows(layer.values, past, accepted)
+        self._seek(past + len(rows))
 
     def plain_prefill(self, input_ids: torch.Tensor,
                       reused: list[KVRows] | None = None) -> tuple[torch.Tensor, CompiledTarget]:
@@ -283,8 +289,18 @@ class CompiledTarget:
 
     def _seek(self, rows: int) -> None:
         """The next forward writes at row `rows` (StaticLayer appends at cumulative_length)."""
+        views = self._views()
+        if views is not None:
+            views.seek(rows)
+            return
         for layer in self.cache.layers:
             layer.cumulative_length.fill_(rows)
+
+    def _views(self) -> CacheViews | None:
+        """NumPy views of the bucket in use (eagle/compiled/cache_views.py), made at its first use on the CPU."""
+        if self._cache_views is None or not self._cache_views.fits(self.cache):
+            self._cache_views = CacheViews.of(self.cache)
+        return self._cache_views
 
     def _bucket(self, size: int) -> StaticCache:
         if size not in self._caches:

@@ -181,21 +181,20 @@ def select_nodes(scores: torch.Tensor, parents: torch.Tensor, keep: int) -> torc
     `scores [M]` are cumulative log-probs and `parents [M]` candidate indices (-1 = the root),
     parents listed before children. A child never scores above its parent, and the stable
     sort ranks an equal-scoring parent first, so the top `keep` are closed under parents;
-    this is checked. Returns the kept candidate indices [min(keep, M)], ascending.
-    """
-    order = torch.sort(scores, descending=True, stable=True).indices
-    kept = order[: max(0, min(keep, scores.numel()))].sort().values
-    chosen = torch.zeros(scores.numel(), dtype=torch.bool)
-    chosen[kept] = True
-    p = parents[kept]
-    if not bool(((p < 0) | chosen[p.clamp(min=0)]).all()):
+    this is checked. Returns the kept candidate indices [min(keep, M)], ascending. Over Python
+    lists, as `build_tree`: a step's few dozen candidates."""
+    s, up = scores.tolist(), parents.tolist()
+    order = sorted(range(len(s)), key=lambda i: -s[i])  # stable: an equal score keeps candidate order
+    kept = sorted(order[: max(0, min(keep, len(s)))])
+    chosen = set(kept)
+    if any(up[i] >= 0 and up[i] not in chosen for i in kept):
         raise AssertionError("dynamic tree selection dropped a parent of a kept node")
-    return kept
+    return torch.tensor(kept, dtype=torch.long)
 
 
 def reindex_parents(kept: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
-    """Parents of kept candidates as tree node indices (root = node 0, kept[i] = node i + 1)."""
-    position = torch.full((parents.numel(),), -1, dtype=torch.long)
-    position[kept] = torch.arange(1, kept.numel() + 1)
-    p = parents[kept]
-    return torch.cat([torch.tensor([-1]), torch.where(p < 0, torch.zeros_like(p), position[p.clamp(min=0)])])
+    """Parents of kept candidates as tree node indices (root = node 0, kept[i] = node i + 1; -1 where a
+    parent was not kept)."""
+    kept_list, up = kept.tolist(), parents.tolist()
+    node = {c: i + 1 for i, c in enumerate(kept_list)}
+    return torch.tensor([-1] + [node.get(up[c], -1) if up[c] >= 0 else 0 for c in kept_list], dtype=torch.long)
