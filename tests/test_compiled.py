@@ -10,7 +10,7 @@ import torch
 from torch._dynamo.utils import counters
 from transformers import MistralConfig, MistralForCausalLM
 
-from eagle.compiled.target_graphs import ANY_ROWS, BUCKET, CompiledTarget, bucket, compilable
+from eagle.compiled.target_graphs import ANY_ROWS, BUCKET, CompiledTarget, bucket, compilable, padded_mask
 from eagle.model import EaModel
 from eagle.decoding.eager_head import EagerHead
 from eagle.decoding.eager_target import EagerTarget
@@ -188,3 +188,16 @@ def test_compiled_decoding_through_the_gemm_template_equals_hf_generate(kind, mo
     ids = prompt(0, 12)
     assert torch.equal(model.eagenerate(ids, max_new_tokens=12), hf_greedy(target, ids, 12))
     assert model.drafter.compiled.shapes and model.compiled.shapes
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_padded_mask_opens_the_allowed_pattern_and_each_padded_rows_own_row(dtype):
+    """2 real rows after 3 cached ones, padded to 4 rows over an 8-row bucket."""
+    allowed = torch.tensor([[1, 0, 1, 1, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)  # [m=2, p+m=5]
+    mask = padded_mask(allowed, 4, 8, dtype)
+    assert mask.shape == (1, 1, 4, 8) and mask.dtype == dtype
+    opened = [[0, 2, 3], [0, 1, 2, 3, 4], [5], [6]]  # padded rows 2, 3 see cache rows p+2, p+3
+    for row, columns in enumerate(opened):
+        expected = torch.full((8,), torch.finfo(dtype).min, dtype=dtype)
+        expected[columns] = 0
+        assert torch.equal(mask[0, 0, row], expected), row

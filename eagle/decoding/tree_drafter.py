@@ -13,6 +13,7 @@ caller builds the `Tree` buffers (eagle/decoding/tree.py).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -153,13 +154,14 @@ class DraftCache:
     """The head's KV cache while drafting: committed rows plus the tree nodes fed so far.
 
     Starts from the committed cache (not modified: the head concatenates into new tensors)
-    and tracks, for every fed node, which fed nodes are its ancestors (itself included).
+    and tracks, for every fed node, which fed nodes are its ancestors (itself included), as
+    Python lists: a step feeds a few nodes, where a tensor op each costs more than the lists.
     """
 
     def __init__(self, state: DecodeState):
         self.past = state.head_past
         self.committed = state.committed
-        self.ancestors = torch.zeros(0, 0, dtype=torch.bool)  # [F, F]
+        self.ancestors: list[list[int]] = []  # [F] each fed node's fed ancestors, itself last
 
     def feed(self, drafter: Drafter, tokens: torch.Tensor, features: torch.Tensor, parent_rows: torch.Tensor,
              depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -168,17 +170,17 @@ class DraftCache:
         parent_rows [m]: each node's parent row among the fed nodes, -1 for the root.
         Returns head outputs [m, H], their draft log-probs [m, Vd] and the rows the nodes now occupy [m].
         """
-        m, f = tokens.numel(), self.ancestors.shape[0]
-        inherited = torch.zeros(m, f, dtype=torch.bool)
-        has_parent = parent_rows >= 0
-        inherited[has_parent] = self.ancestors[parent_rows[has_parent]]
-        new_rows = torch.cat([inherited, torch.eye(m, dtype=torch.bool)], dim=1)  # [m, F+m]
-        self.ancestors = torch.cat([torch.cat([self.ancestors, torch.zeros(f, m, dtype=torch.bool)], dim=1), new_rows])
-        allowed = torch.cat([torch.ones(m, self.committed, dtype=torch.bool), new_rows], dim=1)
+        m, f, c = tokens.numel(), len(self.ancestors), self.committed
+        new = [(self.ancestors[r] if r >= 0 else []) + [f + i] for i, r in enumerate(parent_rows.tolist())]
+        self.ancestors += new
+        allowed = np.zeros((m, c + f + m), dtype=bool)  # [m, P+F+m]: the committed rows and each node's ancestors
+        allowed[:, :c] = True
+        allowed[[i for i, rows in enumerate(new) for _ in rows], [c + j for rows in new for j in rows]] = True
         device = drafter.device
-        positions = torch.full((m,), self.committed - 1 + depth, device=device)
+        positions = torch.full((m,), c - 1 + depth, device=device)
         with profiled("eagle.draft.head"):
-            hidden, logp, self.past = drafter.encode(features, tokens.to(device), positions, allowed, self.past, m)
+            hidden, logp, self.past = drafter.encode(features, tokens.to(device), positions, torch.from_numpy(allowed),
+                                                     self.past, m)
         return hidden, logp, torch.arange(f, f + m)
 
 
