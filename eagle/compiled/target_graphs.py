@@ -40,7 +40,8 @@ spans about the context: over a 1,024-row cache for a 224-token context the gain
   of that head (eagle/compiled/grouped_attention.py): no per-head copy of the bucket, and a one-token step
   leaves the flash kernel's slow single-query path (a 135M step: 22.1 -> 16.7 ms).
 - **Commit** moves the accepted rows to `past..` inside the static tensors and sets the
-  layers' write position (transformers' `StaticLayer` writes at `cumulative_length`).
+  layers' write position (transformers' `StaticLayer` writes at `cumulative_length`), through
+  NumPy views of a CPU cache (eagle/compiled/cache_views.py), torch's ops elsewhere.
 
 A compiled target holds one KV cache per bucket: run its generations one at a time (as
 `EaModel`, the bench and the chat do). Targets with sliding-window layers cannot use it
