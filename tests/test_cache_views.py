@@ -39,13 +39,30 @@ def test_seek_sets_every_layers_write_position():
     assert [int(layer.cumulative_length) for layer in c.layers] == [11, 11, 11]
 
 
-def test_no_views_of_tensors_off_the_cpu_or_not_allocated():
+def test_no_views_before_the_cache_is_allocated():
     c = cache(torch.float32)
     c.layers[1].keys = None  # StaticLayer before its lazy allocation
     assert CacheViews.of(c) is None
-    meta = cache(torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_cache_off_the_cpu_moves_and_seeks_through_torchs_ops(dtype):
+    """One object, made once, whatever the device: a meta cache gets torch's ops (no NumPy views), and those
+    ops move the same rows as the NumPy views (checked on the CPU, forced onto the torch path)."""
+    meta = cache(dtype)
     meta.layers[0].values = meta.layers[0].values.to("meta")
-    assert CacheViews.of(meta) is None
+    views = CacheViews.of(meta)
+    assert views is not None and views.rows is None and views.fits(meta)
+    views.move(5, [0, 2])
+    views.seek(7)
+    assert [int(layer.cumulative_length) for layer in meta.layers] == [7, 7, 7]
+    ours, theirs = cache(dtype), cache(dtype)
+    forced = CacheViews.of(ours)
+    forced.rows = forced.lengths = None
+    forced.move(5, [0, 3, 4])
+    CacheViews.of(theirs).move(5, [0, 3, 4])
+    for a, b in zip(ours.layers, theirs.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
 
 
 def test_views_know_when_their_cache_was_replaced():

@@ -1,6 +1,6 @@
 """NumPy views of a static KV cache's CPU tensors, for a compiled target's per-step bookkeeping.
 
-    views = CacheViews.of(cache)        # None where a tensor is off the CPU or not allocated yet
+    views = CacheViews.of(cache)        # None while the cache is not allocated yet
     views.seek(rows)                    # every layer's write position (StaticLayer's cumulative_length)
     views.move(past, [0, 2, 3])         # rows past + accepted to past.., in every layer's keys and values
 
@@ -9,7 +9,7 @@ of the tree's node order, moves a few rows in 60 key and value tensors. Through 
 call of ~2-20 µs from Python (a 30-layer seek ~50 µs, a move ~1.2 ms on a 2-core Zen 2); through NumPy views
 made once per cache, a few µs and ~0.2 ms. The views share the tensors' memory: the compiled graphs see every
 write. NumPy has no bf16, so 2-byte tensors are viewed as int16 (a move copies bits, so any 2-byte type is
-moved exactly).
+moved exactly). A cache on an accelerator gets the same object over torch's ops, made once as well.
 """
 
 from __future__ import annotations
@@ -17,23 +17,27 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from eagle.decoding.kv_commit import move_rows
+
 
 class CacheViews:
-    """NumPy views of one cache's layers: keys and values [B, H, S, D] and write positions (0-d)."""
+    """One cache's layers: keys and values [B, H, S, D] and write positions (0-d), as NumPy views on the CPU
+    (`rows`, `lengths`), as the tensors themselves elsewhere (`rows` None)."""
 
-    def __init__(self, cache, rows: list[np.ndarray], lengths: list[np.ndarray]):
-        self.cache, self.rows, self.lengths = cache, rows, lengths
+    def __init__(self, cache, tensors: list[torch.Tensor], lengths: list[torch.Tensor]):
+        self.cache, self.tensors, self._lengths = cache, tensors, lengths
         self._first = cache.layers[0].keys  # the tensor the views were made of (`fits`)
+        on_cpu = all(t.device.type == "cpu" for t in tensors + lengths)
+        self.rows = [_array(t) for t in tensors] if on_cpu else None
+        self.lengths = [_array(t) for t in lengths] if on_cpu else None
 
     @classmethod
     def of(cls, cache) -> CacheViews | None:
-        """Views of `cache`'s tensors, or None where one is not a CPU tensor yet (lazily allocated, or on an
-        accelerator: the caller keeps torch's ops)."""
+        """The views of `cache`'s tensors, or None while one is not allocated yet (StaticLayer's lazy start)."""
         tensors = [t for layer in cache.layers for t in (layer.keys, layer.values)]
-        lengths = [layer.cumulative_length for layer in cache.layers]
-        if not tensors or not all(isinstance(t, torch.Tensor) and t.device.type == "cpu" for t in tensors + lengths):
+        if not tensors or not all(isinstance(t, torch.Tensor) for t in tensors):
             return None
-        return cls(cache, [_array(t) for t in tensors], [_array(t) for t in lengths])
+        return cls(cache, tensors, [layer.cumulative_length for layer in cache.layers])
 
     def fits(self, cache) -> bool:
         """Whether these are still views of `cache`'s tensors."""
@@ -41,12 +45,20 @@ class CacheViews:
 
     def seek(self, rows: int) -> None:
         """Every layer's next forward writes at row `rows`."""
+        if self.lengths is None:
+            for length in self._lengths:
+                length.fill_(rows)
+            return
         for length in self.lengths:
             length[...] = rows
 
     def move(self, past: int, accepted: list[int]) -> None:
         """Rows past + accepted[i] to past + i in every tensor (the rows are gathered into a copy first, so
         sources and destinations may overlap)."""
+        if self.rows is None:
+            for x in self.tensors:
+                move_rows(x, past, torch.tensor(accepted))
+            return
         src = np.asarray(accepted, dtype=np.int64) + past
         for x in self.rows:
             x[:, :, past:past + src.size] = x[:, :, src]

@@ -68,7 +68,6 @@ from eagle.compiled.cache_views import CacheViews
 from eagle.compiled.graph_cache import compiled_call, threads_match
 from eagle.compiled.grouped_attention import GROUPED, grouped_sdpa_applies, install_grouped_sdpa
 from eagle.decoding.eager_target import prompt_forward
-from eagle.decoding.kv_commit import move_rows
 from eagle.decoding.prefix_cache import KVRows
 from eagle.decoding.tree import Tree
 
@@ -170,13 +169,7 @@ class CompiledTarget:
         cache: this runner."""
         rows = accepted.tolist()
         if rows != list(range(len(rows))):
-            views = self._views()
-            if views is not None:
-                views.move(past, rows)
-            else:
-                for layer in self.cache.layers:
-                    move_rows(layer.keys, past, accepted)
-                    move_rows(layer.values, past, accepted)
+            self._views().move(past, rows)
         self._seek(past + len(rows))
 
     def plain_prefill(self, input_ids: torch.Tensor,
@@ -295,11 +288,11 @@ class CompiledTarget:
         if views is not None:
             views.seek(rows)
             return
-        for layer in self.cache.layers:
+        for layer in self.cache.layers:  # not allocated yet
             layer.cumulative_length.fill_(rows)
 
     def _views(self) -> CacheViews | None:
-        """NumPy views of the bucket in use (eagle/compiled/cache_views.py), made at its first use on the CPU."""
+        """The views of the bucket in use (eagle/compiled/cache_views.py), made once it is allocated."""
         if self._cache_views is None or not self._cache_views.fits(self.cache):
             self._cache_views = CacheViews.of(self.cache)
         return self._cache_views
