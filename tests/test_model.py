@@ -121,10 +121,10 @@ def test_draft_cache_feed_equals_causal_head_passes(layers):
     drafts = DraftCache(state)
     with torch.no_grad():
         out1, logp1, rows1 = drafts.feed(model.drafter, torch.tensor([10, 11]), state.draft_hidden.expand(2, -1),
-                                         torch.tensor([-1, -1]), depth=1)
-        out2, logp2, rows2 = drafts.feed(model.drafter, torch.tensor([12, 13, 14]), out1[[0, 1, 0]], rows1[[0, 1, 0]],
-                                         depth=2)
-        out3, logp3, _ = drafts.feed(model.drafter, torch.tensor([15]), out2[[2]], rows2[[2]], depth=3)
+                                         [-1, -1], depth=1)
+        out2, logp2, rows2 = drafts.feed(model.drafter, torch.tensor([12, 13, 14]), out1[[0, 1, 0]],
+                                         [rows1[i] for i in (0, 1, 0)], depth=2)
+        out3, logp3, _ = drafts.feed(model.drafter, torch.tensor([15]), out2[[2]], [rows2[2]], depth=3)
         for out, logp in [(out1, logp1), (out2, logp2), (out3, logp3)]:  # every fed row's draft log-probs
             torch.testing.assert_close(logp, model.drafter.vocab.logp(out))
         for path, got in [([10], out1[0]), ([11], out1[1]), ([10, 12], out2[0]), ([11, 13], out2[1]),

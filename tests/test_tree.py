@@ -90,10 +90,10 @@ def test_causal_mask():
 
 def test_expand_topk():
     logp = torch.tensor([[-0.1, -3.0, -2.0], [-1.0, -0.5, -4.0]]).log_softmax(-1)
-    tokens, scores, rows = expand_topk(torch.tensor([-1.0, -2.0]), logp, 2)
+    tokens, scores, rows = expand_topk([-1.0, -2.0], logp, 2)
     assert tokens.tolist() == [0, 2, 1, 0]
-    assert rows.tolist() == [0, 0, 1, 1]
-    assert torch.allclose(scores, torch.tensor([-1.0, -1.0, -2.0, -2.0]) + logp[[0, 0, 1, 1], [0, 2, 1, 0]])
+    assert rows == [0, 0, 1, 1]
+    assert torch.allclose(torch.tensor(scores), torch.tensor([-1.0, -1.0, -2.0, -2.0]) + logp[[0, 0, 1, 1], [0, 2, 1, 0]])
 
 
 def grow_random_pool(seed: int, vocab: int, k: int, depth: int, peaked: bool):
@@ -104,18 +104,16 @@ def grow_random_pool(seed: int, vocab: int, k: int, depth: int, peaked: bool):
         logits = torch.randn(rows, vocab, generator=g) * (200.0 if peaked else 2.0)
         return logits.log_softmax(-1)
 
-    tokens, scores, _ = expand_topk(torch.zeros(1), random_logp(1), k)
-    parents = torch.full((k,), -1)
-    frontier = torch.arange(k)
-    all_scores, all_parents = [scores], [parents]
-    n = k
+    _, scores, _ = expand_topk([0.0], random_logp(1), k)
+    parents = [-1] * k
+    frontier = list(range(k))
     for _ in range(1, depth):
-        _, s, rows = expand_topk(torch.cat(all_scores)[frontier], random_logp(k), k)
-        all_scores.append(s)
-        all_parents.append(frontier[rows])
-        frontier = n + s.topk(k).indices
-        n += s.numel()
-    return torch.cat(all_scores), torch.cat(all_parents)
+        _, s, rows = expand_topk([scores[i] for i in frontier], random_logp(k), k)
+        n = len(scores)
+        scores += s
+        parents += [frontier[r] for r in rows]
+        frontier = [n + i for i in torch.tensor(s).topk(k).indices.tolist()]
+    return torch.tensor(scores), torch.tensor(parents)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -123,12 +121,12 @@ def test_dynamic_selection_keeps_parents_and_best_scores(seed):
     peaked = seed % 2 == 1  # exact ties between a parent and a child of probability 1
     scores, parents = grow_random_pool(seed, vocab=12, k=3 + seed % 3, depth=4, peaked=peaked)
     keep = 5 + seed
-    kept = select_nodes(scores, parents, keep)
+    kept = torch.tensor(select_nodes(scores, parents, keep))
     assert kept.numel() == min(keep, scores.numel())
     assert (kept.diff() > 0).all()
     threshold = scores[kept].min()
     assert (scores[kept] >= threshold).all() and int((scores > threshold).sum()) <= kept.numel()
-    tree_parents = reindex_parents(kept, parents)
+    tree_parents = reindex_parents(kept.tolist(), parents)
     tree = build_tree(torch.zeros(kept.numel() + 1, dtype=torch.long), tree_parents)  # raises if unordered
     check_tree(tree)
     for node, cand in enumerate(kept.tolist(), start=1):  # parent mapping round-trips

@@ -38,6 +38,7 @@ import logging
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -75,6 +76,7 @@ class CompiledHead:
         self.defer = False  # True: a shape not compiled yet runs eagerly and waits in `missing` (see `prepare`)
         self.missing: set[tuple] = set()  # head shapes run eagerly, to compile between generations
         self.embed_width = 0  # H of the token embeddings the head reads (set at the first call)
+        self._picks: dict[tuple, torch.Tensor] = {}  # (rows, m, scored, device) -> the rows scored (`_picked`)
         self.keys: torch.Tensor | None = None  # [1, layers*kvH, L, D]
         self.values: torch.Tensor | None = None
 
@@ -106,18 +108,28 @@ class CompiledHead:
             self.keys, self.values = _resized(self.keys, p, size), _resized(self.values, p, size)
         device = embeds.device
         mask = self._mask(allowed, p, m, rows, embeds.dtype).to(device)  # [1, 1, rows, L]
-        embeds, features = _pad_rows(embeds, rows), _pad_rows(features, rows)
-        positions = torch.cat([positions, positions.new_full((rows - m,), p)])
+        if rows > m:
+            embeds, features = _pad_rows(embeds, rows), _pad_rows(features, rows)
+            positions = torch.cat([positions, positions.new_full((rows - m,), p)])
+        else:  # the graphs run without guards (direct_call.py): dense rows, as they were compiled for
+            embeds, features = embeds.contiguous(), features.contiguous()
         cache_rows = torch.arange(p, p + rows, device=device)
         self.embed_width = embeds.shape[1]
         args = (embeds, features, positions, mask, self.keys, self.values, cache_rows)
         if not scored:
             hidden = self._call(("head", rows, features.shape[1], 0), self._forward, *args)
-            return hidden[:m], None, HeadRows(p + m)
-        picked = torch.arange(rows) if scored == m else torch.arange(m - scored, m)  # all rows: padding's too
-        shape = ("head", rows, features.shape[1], picked.numel())
-        hidden, logp = self._call(shape, self._scored, *args, picked.to(device))
-        return hidden[:m], logp[:scored].cpu(), HeadRows(p + m)
+            return _first(hidden, m), None, HeadRows(p + m)
+        picked = self._picked(rows, m, scored, device)
+        hidden, logp = self._call(("head", rows, features.shape[1], picked.numel()), self._scored, *args, picked)
+        return _first(hidden, m), _first(logp, scored).cpu(), HeadRows(p + m)
+
+    def _picked(self, rows: int, m: int, scored: int, device: torch.device) -> torch.Tensor:
+        """The rows [r] a call of m real rows (padded to `rows`) scores: its last `scored`, or all `rows` when
+        every real row is scored (padding's too: one graph per width). Made once per kind of call."""
+        key = (rows, m, scored, device)
+        if key not in self._picks:
+            self._picks[key] = (torch.arange(rows) if scored == m else torch.arange(m - scored, m)).to(device)
+        return self._picks[key]
 
     def commit_shapes(self, most: int, width: int) -> list[tuple]:
         """The shapes of a commit (the accepted tokens' rows, target features `width` wide, the last row scored)
@@ -187,13 +199,19 @@ class CompiledHead:
     def _mask(self, allowed: torch.Tensor | None, p: int, m: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
         """[1, 1, rows, L] additive: `allowed` [m, p+m] (None: causal) over the first p+m rows (padded_mask)."""
         if allowed is None:
-            allowed = torch.cat([torch.ones(m, p, dtype=torch.bool), torch.ones(m, m, dtype=torch.bool).tril()], 1)
+            allowed = np.ones((m, p + m), dtype=bool)
+            allowed[:, p:] = np.tri(m, dtype=bool)
         return padded_mask(allowed, rows, self.size, dtype)
 
 
 def _padded(m: int) -> int:
     """The next power of two >= m: the widths the head compiles for."""
     return 1 << max(0, m - 1).bit_length()
+
+
+def _first(x: torch.Tensor, n: int) -> torch.Tensor:
+    """x's first n rows (x itself when it has n)."""
+    return x if x.shape[0] == n else x[:n]
 
 
 def _pad_rows(x: torch.Tensor, rows: int) -> torch.Tensor:

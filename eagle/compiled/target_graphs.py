@@ -341,13 +341,14 @@ def mark_length(t: torch.Tensor, dim: int) -> None:
     torch._dynamo.mark_dynamic(t, dim, min=BUCKET, max=MAX_CACHE)
 
 
-def padded_mask(allowed: torch.Tensor, rows: int, size: int, dtype: torch.dtype) -> torch.Tensor:
+def padded_mask(allowed: torch.Tensor | np.ndarray, rows: int, size: int, dtype: torch.dtype) -> torch.Tensor:
     """Additive [1, 1, rows, size] (CPU) for m new rows after p cached ones, padded to `rows`: allowed [m, p+m]
-    bool opens the real rows' pattern; padded row i (m <= i < rows) sees only its own cache row p+i."""
+    bool (a CPU tensor or an array) opens the real rows' pattern; padded row i (m <= i < rows) sees only its own
+    cache row p+i."""
     m = allowed.shape[0]
     p = allowed.shape[1] - m
     full = np.full((rows, size), torch.finfo(dtype).min, dtype=np.float32)  # NumPy: 23 µs where torch's ops took 61
-    full[:m, :p + m][allowed.cpu().numpy()] = 0
+    full[:m, :p + m][allowed if isinstance(allowed, np.ndarray) else allowed.cpu().numpy()] = 0
     pad = np.arange(m, rows)
     full[pad, p + pad] = 0
     out = torch.from_numpy(full)  # [rows, size]; a bf16 or fp16 minimum is an fp32 value

@@ -159,23 +159,20 @@ def static_tree(choices: Choices) -> StaticTree:
 # ---- dynamic trees (EAGLE-2) ------------------------------------------------------------
 
 
-def expand_topk(
-    parent_scores: torch.Tensor,  # [F] cumulative log-prob of the frontier nodes
-    logp: torch.Tensor,  # [F, V] draft log-probs of each frontier node's next token
-    k: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Top-k children of every frontier node.
+def expand_topk(parent_scores: list[float], logp: torch.Tensor, k: int) -> tuple[torch.Tensor, list[float], list[int]]:
+    """Top-k children of every frontier node: parent_scores [F] cumulative log-probs of the frontier
+    nodes, logp [F, V] draft log-probs of each one's next token.
 
-    Returns tokens [F*k], cumulative scores [F*k] and the frontier row of each child [F*k],
-    children of frontier row f contiguous and in rank order.
+    Returns the children's draft indices [F*k] (a tensor), their cumulative scores and their frontier
+    rows (lists of F*k), children of frontier row f contiguous and in rank order. The scores add up as
+    Python floats: a step's few dozen numbers, where a tensor op each costs more.
     """
     top_logp, top_tokens = logp.topk(k, dim=-1)  # [F, k]
-    scores = parent_scores[:, None] + top_logp.to(parent_scores.dtype)
-    rows = torch.arange(logp.shape[0]).repeat_interleave(k)
-    return top_tokens.flatten(), scores.flatten(), rows
+    scores = [p + s for p, row in zip(parent_scores, top_logp.tolist(), strict=True) for s in row]
+    return top_tokens.flatten(), scores, [f for f in range(len(parent_scores)) for _ in range(k)]
 
 
-def select_nodes(scores: torch.Tensor, parents: torch.Tensor, keep: int) -> torch.Tensor:
+def select_nodes(scores: list[float] | torch.Tensor, parents: list[int] | torch.Tensor, keep: int) -> list[int]:
     """Keep the `keep` best candidates by score, closed under parents, in candidate order.
 
     `scores [M]` are cumulative log-probs and `parents [M]` candidate indices (-1 = the root),
@@ -183,18 +180,22 @@ def select_nodes(scores: torch.Tensor, parents: torch.Tensor, keep: int) -> torc
     sort ranks an equal-scoring parent first, so the top `keep` are closed under parents;
     this is checked. Returns the kept candidate indices [min(keep, M)], ascending. Over Python
     lists, as `build_tree`: a step's few dozen candidates."""
-    s, up = scores.tolist(), parents.tolist()
+    s, up = _listed(scores), _listed(parents)
     order = sorted(range(len(s)), key=lambda i: -s[i])  # stable: an equal score keeps candidate order
     kept = sorted(order[: max(0, min(keep, len(s)))])
     chosen = set(kept)
     if any(up[i] >= 0 and up[i] not in chosen for i in kept):
         raise AssertionError("dynamic tree selection dropped a parent of a kept node")
-    return torch.tensor(kept, dtype=torch.long)
+    return kept
 
 
-def reindex_parents(kept: torch.Tensor, parents: torch.Tensor) -> torch.Tensor:
+def reindex_parents(kept: list[int], parents: list[int] | torch.Tensor) -> torch.Tensor:
     """Parents of kept candidates as tree node indices (root = node 0, kept[i] = node i + 1; -1 where a
     parent was not kept)."""
-    kept_list, up = kept.tolist(), parents.tolist()
-    node = {c: i + 1 for i, c in enumerate(kept_list)}
-    return torch.tensor([-1] + [node.get(up[c], -1) if up[c] >= 0 else 0 for c in kept_list], dtype=torch.long)
+    up = _listed(parents)
+    node = {c: i + 1 for i, c in enumerate(kept)}
+    return torch.tensor([-1] + [node.get(up[c], -1) if up[c] >= 0 else 0 for c in kept], dtype=torch.long)
+
+
+def _listed(x: list | torch.Tensor) -> list:
+    return x.tolist() if isinstance(x, torch.Tensor) else x

@@ -87,37 +87,43 @@ class Drafter:
         tree, which prompt lookup alone extends, drafts nothing)."""
         if total_token == 1:
             return state.root.reshape(1), torch.tensor([-1])
-        tokens, scores, parents = self.candidates(state, depth, draft_width(total_token, top_k))
+        tokens, scores, parents = self.pool(state, depth, draft_width(total_token, top_k))
         with profiled("eagle.draft.tree"):
             kept = select_nodes(scores, parents, total_token - 1)
-            return torch.cat([state.root, tokens[kept]]), reindex_parents(kept, parents)
+            return torch.tensor(state.root.tolist() + [tokens[i] for i in kept]), reindex_parents(kept, parents)
 
     def candidates(self, state: DecodeState, depth: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The EAGLE-2 candidate pool (`pool`) as tensors: target token ids [M], cumulative draft log-probs [M]
+        (fp32) and parents [M]."""
+        tokens, scores, parents = self.pool(state, depth, top_k)
+        return torch.tensor(tokens), torch.tensor(scores), torch.tensor(parents)
+
+    def pool(self, state: DecodeState, depth: int, top_k: int) -> tuple[list[int], list[float], list[int]]:
         """The EAGLE-2 candidate pool: top_k children of the top_k best nodes, `depth` levels.
 
-        Returns target token ids [M], cumulative draft log-probs [M] and parents [M]
-        (candidate indices, -1 = the root), parents before children; M = k + (depth-1)*k*k.
+        Returns target token ids, cumulative draft log-probs and parents (candidate indices, -1 = the root),
+        lists of M = k + (depth-1)*k*k, parents before children. Bookkeeping over lists: only the head's
+        calls and the top-k over its draft log-probs are tensor work.
         """
         k = min(top_k, self.vocab.size)
         drafts = DraftCache(state)
-        tokens, scores, _ = expand_topk(torch.zeros(1), state.draft_logp, k)  # [k] depth-1 candidates
-        tokens = self.vocab.to_target(tokens)
-        parents = torch.full((k,), -1, dtype=torch.long)
-        frontier = torch.arange(k)  # candidate indices
-        frontier_rows = torch.full((k,), -1, dtype=torch.long)  # their parents' rows in `drafts`
+        ids, scores, _ = expand_topk([0.0], state.draft_logp, k)  # depth-1 candidates
+        tokens = self.vocab.to_target(ids).tolist()
+        parents = [-1] * k
+        frontier, frontier_rows = list(range(k)), [-1] * k  # candidate indices; their parents' rows in `drafts`
         features = state.draft_hidden.expand(k, -1)  # [k, H] head outputs of their parents
-        all_tokens, all_scores, all_parents = [tokens], [scores], [parents]
-        n = k
         for d in range(1, depth):
-            hidden, logp, rows = drafts.feed(self, _cat(all_tokens)[frontier], features, frontier_rows, d)  # [k, Vd]
-            new_tokens, new_scores, from_row = expand_topk(_cat(all_scores)[frontier], logp, k)  # [k*k]
-            all_tokens.append(self.vocab.to_target(new_tokens))
-            all_scores.append(new_scores)
-            all_parents.append(frontier[from_row])
-            best = new_scores.topk(k).indices  # next frontier, positions in the new candidates
-            frontier, frontier_rows, features = n + best, rows[from_row[best]], hidden[from_row[best]]
-            n += new_tokens.numel()
-        return _cat(all_tokens), _cat(all_scores), _cat(all_parents)
+            fed = torch.tensor([tokens[i] for i in frontier])
+            hidden, logp, rows = drafts.feed(self, fed, features, frontier_rows, d)  # [k, H], [k, Vd]
+            ids, new_scores, from_row = expand_topk([scores[i] for i in frontier], logp, k)  # k*k children
+            n = len(tokens)
+            tokens += self.vocab.to_target(ids).tolist()
+            scores += new_scores
+            parents += [frontier[r] for r in from_row]
+            best = sorted(range(len(new_scores)), key=lambda i: -new_scores[i])[:k]  # the next frontier
+            frontier, frontier_rows = [n + i for i in best], [rows[from_row[i]] for i in best]
+            features = hidden[[from_row[i] for i in best]]
+        return tokens, scores, parents
 
     # ---- EAGLE-1 ---------------------------------------------------------------------------
 
@@ -135,11 +141,11 @@ class Drafter:
             parents = sorted({int(shape.parents[c]) for c in children})
             if d > 0:  # feed the parents (depth d) to the head; the root's output is known
                 feats = torch.stack([hidden_of[int(shape.parents[p])] for p in parents])
-                rows_in = torch.tensor([row_of[int(shape.parents[p])] for p in parents])
+                rows_in = [row_of[int(shape.parents[p])] for p in parents]
                 hidden, logp, rows = drafts.feed(self, tokens[parents], feats, rows_in, d)
                 hidden_of.update({p: hidden[i] for i, p in enumerate(parents)})
                 logp_of.update({p: logp[i] for i, p in enumerate(parents)})
-                row_of.update({p: int(rows[i]) for i, p in enumerate(parents)})
+                row_of.update({p: rows[i] for i, p in enumerate(parents)})
             logp = torch.stack([logp_of[p] for p in parents])  # [m, Vd]
             kmax = min(int(shape.ranks[children].max()) + 1, logp.shape[-1])
             top = self.vocab.to_target(logp.topk(kmax, dim=-1).indices)  # [m, kmax]
@@ -163,15 +169,15 @@ class DraftCache:
         self.committed = state.committed
         self.ancestors: list[list[int]] = []  # [F] each fed node's fed ancestors, itself last
 
-    def feed(self, drafter: Drafter, tokens: torch.Tensor, features: torch.Tensor, parent_rows: torch.Tensor,
-             depth: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def feed(self, drafter: Drafter, tokens: torch.Tensor, features: torch.Tensor, parent_rows: list[int],
+             depth: int) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
         """Run nodes (tokens [m], parents' head outputs [m, H]) at tree depth `depth`.
 
         parent_rows [m]: each node's parent row among the fed nodes, -1 for the root.
-        Returns head outputs [m, H], their draft log-probs [m, Vd] and the rows the nodes now occupy [m].
+        Returns head outputs [m, H], their draft log-probs [m, Vd] and the rows the nodes now occupy [m] (a list).
         """
         m, f, c = tokens.numel(), len(self.ancestors), self.committed
-        new = [(self.ancestors[r] if r >= 0 else []) + [f + i] for i, r in enumerate(parent_rows.tolist())]
+        new = [(self.ancestors[r] if r >= 0 else []) + [f + i] for i, r in enumerate(parent_rows)]
         self.ancestors += new
         allowed = np.zeros((m, c + f + m), dtype=bool)  # [m, P+F+m]: the committed rows and each node's ancestors
         allowed[:, :c] = True
@@ -181,7 +187,7 @@ class DraftCache:
         with profiled("eagle.draft.head"):
             hidden, logp, self.past = drafter.encode(features, tokens.to(device), positions, torch.from_numpy(allowed),
                                                      self.past, m)
-        return hidden, logp, torch.arange(f, f + m)
+        return hidden, logp, list(range(f, f + m))
 
 
 def draft_width(total_token: int, top_k: int) -> int:
@@ -192,6 +198,3 @@ def draft_width(total_token: int, top_k: int) -> int:
     same tree, for fewer head rows and fewer draft scores per level."""
     return max(1, min(top_k, total_token - 1))
 
-
-def _cat(parts: list[torch.Tensor]) -> torch.Tensor:
-    return torch.cat(parts) if len(parts) > 1 else parts[0]
