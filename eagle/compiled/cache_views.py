@@ -56,8 +56,9 @@ class CacheViews:
         """Rows past + accepted[i] to past + i in every tensor (the rows are gathered into a copy first, so
         sources and destinations may overlap)."""
         if self.rows is None:
+            rows = torch.tensor(accepted, device=self.tensors[0].device)  # once for all 60 tensors
             for x in self.tensors:
-                move_rows(x, past, torch.tensor(accepted))
+                move_rows(x, past, rows)
             return
         src = np.asarray(accepted, dtype=np.int64) + past
         for x in self.rows:
