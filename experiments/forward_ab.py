@@ -1,7 +1,7 @@
 """`python -m experiments.forward_ab`: a compiled target's forwards with one of our changes and without it, in one
 process.
 
-    python -m experiments.forward_ab {joined,direct,epilogue,gemv,length} [--base smollm2-135m-instruct]
+    python -m experiments.forward_ab {joined,direct,epilogue,gemv,length,symbols} [--base smollm2-135m-instruct]
                                      [--dtype auto] [--threads 2] [--rows 1,4,8] [--rounds 20]
 
 - `joined`: each layer's sibling weights joined (q/k/v, gate/up read by one GEMV call each:
@@ -18,6 +18,10 @@ process.
 - `length`: graphs whose cache length is dynamic (every bucket runs them: eagle/compiled/target_graphs.py
   `_mark_dynamic`) against graphs compiled for the 256-row bucket alone (only a verify's rows marked dynamic, HF's
   static-address marks kept): two copies of the target. The outputs agree to rounding.
+- `symbols`: graphs traced knowing that every layer's keys and values span the mask's columns (one symbol for the
+  cache length, eagle/compiled/grouped_attention.py `same_length`) against graphs traced without (a symbol for
+  each of the 2 × layers cache tensors, each passed into the graph as an int at every call): two copies of the
+  target.
 
 Each side runs its compiled plain step and verify graph over a 256-row cache holding a 120-token prompt. Each
 round times 40 calls (after 5 untimed) of every forward of both sides in turn, so the machine's drift lands on
@@ -38,13 +42,14 @@ from unittest.mock import patch
 import torch
 
 from eagle.common.precision import fast_dtype
-from eagle.compiled import gemv, graph_cache, target_graphs
+from eagle.compiled import gemv, graph_cache, grouped_attention, target_graphs
 from eagle.compiled.target_graphs import CompiledTarget
 from eagle.targets.resolve import load_target, resolve_target
 
 PROMPT = 120  # rows the cache holds before the timed forwards
 OURS = graph_cache.compile_options  # the options our graphs compile with
 DYNAMIC_LENGTH = target_graphs._mark_dynamic  # what our graphs mark dynamic before they compile
+SAME_LENGTH = grouped_attention.same_length  # what our graphs' tracing learns of the cache lengths
 
 
 def _rows_only(kwargs: dict, cache, hidden: bool) -> None:
@@ -77,6 +82,9 @@ def sides(change: str, base: str, dtype: str | torch.dtype = "bfloat16"
 
         return {"with": (runner(True), lambda: setattr(graph_cache, "compile_options", OURS)),
                 "without": (runner(True), lambda: setattr(graph_cache, "compile_options", fused))}
+    if change == "symbols":
+        return {"with": (runner(True), lambda: setattr(grouped_attention, "same_length", SAME_LENGTH)),
+                "without": (runner(True), lambda: setattr(grouped_attention, "same_length", lambda *_: None))}
     if change == "length":
         return {"with": (runner(True), lambda: setattr(target_graphs, "_mark_dynamic", DYNAMIC_LENGTH)),
                 "without": (runner(True), lambda: setattr(target_graphs, "_mark_dynamic", _rows_only))}
@@ -126,7 +134,7 @@ def timed(calls: dict[tuple[str, str], Callable], setups: dict[str, Callable], r
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m experiments.forward_ab", description=__doc__.splitlines()[0])
-    ap.add_argument("change", choices=("joined", "direct", "epilogue", "gemv", "length"))
+    ap.add_argument("change", choices=("joined", "direct", "epilogue", "gemv", "length", "symbols"))
     ap.add_argument("--base", default="smollm2-135m-instruct")
     ap.add_argument("--dtype", default="auto", help="auto: bf16 where the CPU has bf16 arithmetic, else fp32")
     ap.add_argument("--threads", type=int, default=2)
@@ -143,6 +151,7 @@ def main(argv: list[str] | None = None) -> dict:
         finally:
             graph_cache.compile_options = OURS  # `epilogue` swaps it while a side compiles
             target_graphs._mark_dynamic = DYNAMIC_LENGTH  # and `length` this
+            grouped_attention.same_length = SAME_LENGTH  # and `symbols` this
     print(f"{args.change}: {args.threads} threads, {args.rounds} rounds; {agree}\n"
           "| forward | with: ms | without: ms | with / without (median of rounds) |\n|---|---|---|---|")
     result = {}

@@ -51,3 +51,27 @@ def test_wrapper_routes_only_calls_that_ask_for_it(monkeypatch):
     assert all(grouped_attention.GROUPED not in kw for kw in calls)  # the keyword never reaches HF
     out, _ = wrapped(_Heads(), query, key, value, mask, scaling=0.25, eagle_grouped=True)
     assert out.shape == (1, 4, 9, 16) and len(calls) == 2
+
+
+def test_a_compiled_forward_passes_one_cache_length_not_one_per_layer(monkeypatch):
+    """Each layer's keys and values are marked dynamic on their own; told that they span the mask's columns
+    (`same_length`), the traced graph keeps one length, so a call hands the C++ wrapper a few ints, not two per
+    layer (each made into a tensor in Python at every call: ~0.4 ms a forward of the embedded default)."""
+    from torch._inductor.utils import run_and_get_code
+
+    from eagle.compiled.target_graphs import CompiledTarget
+    from tests.tiny import prompt, tiny_llama
+
+    monkeypatch.setenv("EAGLE_CPP_WRAPPER", "1")  # as our CPU graphs compile outside the tests
+    ours = grouped_attention.same_length
+
+    def int_args(check) -> int:
+        monkeypatch.setattr(grouped_attention, "same_length", check)
+        runner = CompiledTarget(tiny_llama(seed=3, layers=4))
+        with torch.inference_mode(), torch._inductor.config.patch(fx_graph_cache=False):  # compiled: its code seen
+            runner.prefill(prompt(0, 12), 32)
+            _, code = run_and_get_code(lambda: runner.plain_step(runner, torch.tensor([5]), 12))
+        assert code and "inductor_entry" in code[-1]  # the C++ wrapper our CPU graphs compile with
+        return code[-1].count("aoti_torch_item_int64(inputs")
+
+    assert int_args(ours) <= 3 < 8 <= int_args(lambda *_: None)

@@ -42,12 +42,22 @@ def grouped_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     return out.reshape(b, h, r, d).transpose(1, 2).contiguous()
 
 
+def same_length(key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor) -> None:
+    """While a graph traces: a layer's keys and values span the mask's columns. Each layer's cache tensors are
+    marked dynamic on their own (eagle/compiled/target_graphs.py `mark_length`), so each would be a symbol of
+    its own, passed into the graph as an int at every call; told they are equal, the tracer keeps one."""
+    torch._check(key.shape[2] == mask.shape[-1])
+    torch._check(value.shape[2] == mask.shape[-1])
+
+
 def _wrap(hf_sdpa):
     def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         ours = kwargs.pop(GROUPED, False)
         if not ours or attention_mask is None or dropout or any([kwargs.get(k) is not None for k in _UNSUPPORTED]):
             return hf_sdpa(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        if torch.compiler.is_compiling():
+            same_length(key, value, attention_mask)
         if attention_kernel.applies(query, key, attention_mask):
             return attention_kernel.masked_attention(query, key, value, attention_mask, scale), None
         return grouped_attention(query, key, value, attention_mask, scale), None
