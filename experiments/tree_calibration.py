@@ -58,21 +58,21 @@ def record_prompt(model: EaModel, ids: torch.Tensor, positions: int, depth: int,
     text = state.ids[0].tolist()
     start = ids.shape[1]  # text[start] is the root of the first position
     for t, pool in enumerate(pools):
+        pool["depths"] = _depths(pool["parents"])
         pool["correct"] = _correct(pool, text[start + t + 1:])
     return pools
 
 
 def _correct(pool: dict, following: list[int]) -> list[bool]:
     """[M] each candidate's root-to-node path equals the tokens that followed its root."""
-    ok, depth = [], []
-    for tok, up in zip(pool["tokens"], pool["parents"]):
-        d = 1 if up < 0 else depth[up] + 1
-        depth.append(d)
+    ok = []
+    for tok, up, d in zip(pool["tokens"], pool["parents"], pool["depths"]):
         ok.append((up < 0 or ok[up]) and d <= len(following) and tok == following[d - 1])
     return ok
 
 
 def _depths(parents: list[int]) -> list[int]:
+    """[M] each candidate's depth (1: the root's children), parents listed first."""
     depth = []
     for up in parents:
         depth.append(1 if up < 0 else depth[up] + 1)
@@ -89,7 +89,7 @@ def calibration_table(pools: list[dict], depth: int) -> list[tuple[int, int, flo
     rows = []
     cells: dict[tuple[int, int], list[tuple[float, bool]]] = {}
     for pool in pools:
-        d_of, q_of, ok = _depths(pool["parents"]), _own_logp(pool), pool["correct"]
+        d_of, q_of, ok = pool["depths"], _own_logp(pool), pool["correct"]
         for i, up in enumerate(pool["parents"]):
             if up >= 0 and not ok[up]:
                 continue
@@ -104,9 +104,9 @@ def calibration_table(pools: list[dict], depth: int) -> list[tuple[int, int, flo
     return rows
 
 
-def fit_calibration(pools: list[dict], depth: int) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+def fit_calibration(pools: list[dict], depth: int) -> dict[int, np.ndarray]:
     """Per depth, a non-decreasing map from q to the chance of being right given a right parent: the pooled
-    adjacent violators over BINS (each bin's share, merged until non-decreasing), as (bin edges, values)."""
+    adjacent violators over BINS (each bin's share, merged until non-decreasing), one value per bin."""
     fitted = {}
     for d, rows in _by_depth(calibration_table(pools, depth)).items():
         blocks = [[float(share) * n, n, [b]] for _, b, _, share, n in rows]  # [right, count, bins]
@@ -143,7 +143,7 @@ def _filled(value: np.ndarray) -> np.ndarray:
 
 def calibrated_scores(pool: dict, fitted: dict[int, np.ndarray]) -> list[float]:
     """Cumulative log of the calibrated chances along each candidate's path."""
-    d_of, q_of, up = _depths(pool["parents"]), _own_logp(pool), pool["parents"]
+    d_of, q_of, up = pool["depths"], _own_logp(pool), pool["parents"]
     out = []
     for i, u in enumerate(up):
         table = fitted.get(d_of[i], fitted[max(fitted)])
@@ -155,7 +155,7 @@ def calibrated_scores(pool: dict, fitted: dict[int, np.ndarray]) -> list[float]:
 def accepted(pool: dict, scores: list[float], n: int, d: int) -> int:
     """Tokens a step accepts with the n-1 best candidates of depth <= d by `scores` (closed under parents,
     the best first among equals), root and bonus included."""
-    d_of, up, ok = _depths(pool["parents"]), pool["parents"], pool["correct"]
+    d_of, up, ok = pool["depths"], pool["parents"], pool["correct"]
     order = sorted((i for i in range(len(up)) if d_of[i] <= d), key=lambda i: (-scores[i], d_of[i]))
     chosen: set[int] = set()
     for i in order:
@@ -166,13 +166,16 @@ def accepted(pool: dict, scores: list[float], n: int, d: int) -> int:
     return 1 + max((d_of[i] for i in chosen if ok[i]), default=0)
 
 
-def tau(prompts: list[list[dict]], n: int, d: int, fitted=None) -> float:
+def tau(groups: list[tuple[list[list[dict]], dict | None]], n: int, d: int) -> float:
+    """The walk's τ (no chain) of trees of n nodes up to depth d over every prompt of `groups`, each group's
+    (prompts, calibration: None for EAGLE-2's score) scored by its calibration."""
     lengths, ends = [], []
-    for pools in prompts:
-        for pool in pools:
-            scores = pool["scores"] if fitted is None else calibrated_scores(pool, fitted)
-            lengths.append(accepted(pool, scores, n, d))
-        ends.append(len(lengths))
+    for prompts, fitted in groups:
+        for pools in prompts:
+            for pool in pools:
+                scores = pool["scores"] if fitted is None else calibrated_scores(pool, fitted)
+                lengths.append(accepted(pool, scores, n, d))
+            ends.append(len(lengths))
     return walk_tau(lengths, [0] * len(lengths), ends, 0)
 
 
@@ -189,20 +192,9 @@ def report(runs: dict[str, list[list[dict]]], depth: int) -> None:
         for n, d in TREES:
             if d > depth:
                 continue
-            base = tau(prompts, n, d)
-            # each half scored with the map fitted on the other
-            lengths_cal = tau_cross(halves, fits, n, d)
-            print(f"| {n}/{d} | {base:.3f} | {lengths_cal:.3f} | {lengths_cal / base:.3f} |")
-
-
-def tau_cross(halves, fits, n: int, d: int) -> float:
-    lengths, ends = [], []
-    for half, fitted in ((halves[0], fits[1]), (halves[1], fits[0])):
-        for pools in half:
-            for pool in pools:
-                lengths.append(accepted(pool, calibrated_scores(pool, fitted), n, d))
-            ends.append(len(lengths))
-    return walk_tau(lengths, [0] * len(lengths), ends, 0)
+            base = tau([(prompts, None)], n, d)
+            crossed = tau([(halves[0], fits[1]), (halves[1], fits[0])], n, d)  # each half by the other's map
+            print(f"| {n}/{d} | {base:.3f} | {crossed:.3f} | {crossed / base:.3f} |")
 
 
 def main(argv: list[str] | None = None) -> None:

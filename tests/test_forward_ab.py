@@ -32,7 +32,8 @@ def test_forwards_with_and_without_a_change_are_timed_side_by_side(monkeypatch, 
 def test_fp32_graphs_with_and_without_a_compile_time_change_are_timed_side_by_side(monkeypatch, capsys, change):
     """`epilogue`: fp32 graphs whose matmuls take the GEMM template, compiled with our options and with the
     template's epilogue fusion on. `length`: our graphs (the cache length dynamic) against graphs of the 256-row
-    bucket alone. `symbols`: our graphs against graphs traced with a length symbol per cache tensor. Same bits, and what our graphs compile with is ours again after."""
+    bucket alone. `symbols`: our graphs against graphs traced with a length symbol per cache tensor. Same bits,
+    and what our graphs compile with is ours again after."""
     monkeypatch.setenv("EAGLE_MATMULS", "template")
     monkeypatch.setattr(forward_ab, "resolve_target", lambda base: base)
     monkeypatch.setattr(forward_ab, "load_target", lambda path, dtype: tiny_llama(seed=5, dtype=dtype))

@@ -23,7 +23,7 @@ def test_recorded_pools_accept_what_the_tuners_calibration_measures():
         runs = [record_prompt(model, ids, positions, depth=3, top_k=4) for ids in prompts]
     for n, d in ((4, 2), (8, 2), (8, 3)):
         assert [accepted(pool, pool["scores"], n, d) for pools in runs for pool in pools] == cal.accepted[(n, d)]
-    assert tau(runs, 8, 3) > 1.0
+    assert tau([(runs, None)], 8, 3) > 1.0
 
 
 def test_calibration_is_a_non_decreasing_chance_per_depth():
