@@ -37,10 +37,12 @@ if [ -f "$REPORT/results.json" ] && [ "$REPORT/results.json" -nt "$OUT/head/mode
 else
   METHODS=vanilla,eagle2@fresh,eagle2
   if [ -f checkpoints/eagle3-smollm2-135m-instruct/config.json ]; then METHODS=$METHODS,eagle3; fi
-  # Eager forwards: the demo compares heads (τ, speed against HF eager); compiled, every head would tune and
-  # compile its own shapes first (minutes). The compiled decoder's speed is `python -m evaluation.bench`'s.
+  # The demo compares heads: one fixed tree for all (their τ side by side), eager forwards. Compiled, or with
+  # `--total-token auto`, every head would first tune its tree and compile its shapes (minutes each, and on a
+  # slow CPU the tuner may pick plain steps for a young head); the compiled decoder's speed is `evaluation.bench`'s.
   $PY -m evaluation.bench --heads fresh="$OUT/head" --methods "$METHODS" --no-compile \
-    --prompts mtbench --per-category "$PER_CATEGORY" --turns 1 --max-new-tokens 96 --total-token auto --out "$REPORT"
+    --prompts mtbench --per-category "$PER_CATEGORY" --turns 1 --max-new-tokens 96 --total-token 16 --depth 4 \
+    --out "$REPORT"
 fi
 
 $PY scripts/demo_table.py --run "$OUT" --report "$REPORT" --store "$STORE" --seconds $(( $(date +%s) - START ))

@@ -41,7 +41,11 @@ def main() -> None:
     print(f"trained head:     {run / 'head'}  (DeepSpeed checkpoint: {checkpoints[-1] if checkpoints else '-'})")
     print(f"W&B offline run:  {wandb_runs[-1] if wandb_runs else '-'}  (upload: wandb sync DIR)")
     print(f"bench report:     {Path(args.report) / 'results.md'}  (+ results.json, plots)")
-    print("tau = new tokens per target forward; speedup = tokens/s over vanilla HF generate, same run, interleaved.")
+    bench = results["meta"]["args"]
+    print("tau = new tokens per target forward; speedup = tokens/s over vanilla HF generate, same run, interleaved;")
+    print(f"every head decodes {'eagerly' if bench.get('no_compile') else 'compiled'} with the same tree "
+          f"({bench['total_token']} nodes, depth {bench['depth']}): for the compiled decoder with each head's tree")
+    print("tuned, see python -m evaluation.bench (README, Results).")
 
 
 if __name__ == "__main__":

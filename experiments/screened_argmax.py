@@ -1,0 +1,166 @@
+"""Can greedy decoding read a quantized copy of the target's lm_head and still pick exactly its argmax?
+
+    python -m experiments.screened_argmax [--per-category 2] [--sharegpt 16] [--humaneval 16] [--max-new-tokens 128]
+
+A greedy step needs only the argmax of the logits h·w_v over the vocabulary, and the lm_head is a fifth of
+SmolLM2-135M's bytes, read at every target forward. With a quantized copy q_v of each row (per group of G inputs
+a scale s, values round(w / s) in [-Q, Q]), Hölder's inequality bounds each approximate logit's error:
+
+    |h·w_v - h·q_v| <= sum over groups g of ||h_g||_1 * max_i |w_v,i - q_v,i|  <=  sum_g ||h_g||_1 * s_v,g / 2
+
+Every token whose approximate logit plus its bound is below the largest approximate logit minus its own bound
+cannot be the argmax; the others (the candidates) are scored exactly from the weight's own rows, and their argmax
+is the argmax of all. The bounds also carry twice the fp32 rounding bound of a 576-term dot product, so the
+candidates hold the argmax of the logits as any summation order computes them.
+
+This decodes the greedy text of each prompt (HF eager, fp32), takes the final hidden state at every position of
+its reply, and prints for each quantization how many candidates a position keeps (that the exact argmax is
+among them is asserted) and the bytes a greedy forward would read of the lm_head: the quantized copy with its
+scales, plus the candidates' exact rows. Greedy decoding is deterministic, so these figures do not depend on the
+machine's load.
+
+`--time` (AVX2 CPUs; a quiet machine) also builds a prototype kernel of the int8 screen
+(experiments/screened_lm_head.cpp; its two forms: the int8 weights widened to fp32, or the rows x rounded to
+16-bit integers for integer products), checks that each one's argmax equals the exact one at every recorded
+position, and times them against the lm_head as our compiled graphs run it now (eagle/compiled/gemv.py's fp32
+kind over bf16 rows), median ms of `--rounds` calls at 1, 2, 4 and 8 rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import logging
+import time
+from pathlib import Path
+
+from data_prep.prompt_sets import load_questions
+from eagle.common.native_build import optional_extension
+from eagle.compiled import gemv
+from experiments.diagnostic_prompts import first_turn_ids, parser, setup
+
+SCHEMES = (("int8, one scale a row", 8, None), ("int8, groups of 64", 8, 64), ("int4, groups of 64", 4, 64),
+           ("int4, groups of 32", 4, 32), ("int4, groups of 16", 4, 16))
+ROUNDING = 2.0 * 2.0 ** -24  # per term: twice the unit roundoff of fp32 sums, times the dot product's length
+
+
+def quantize(w: torch.Tensor, bits: int, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """w [V, H] as symmetric integers q [V, H] (in a float tensor) and scales s [V, H/G] (G = H for None)."""
+    v, h = w.shape
+    g = group or h
+    blocks = w.reshape(v, h // g, g)
+    scale = blocks.abs().amax(-1) / (2 ** (bits - 1) - 1)  # [V, H/G]
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(blocks / scale[..., None])
+    return q.reshape(v, h), scale
+
+
+def candidates(hidden: torch.Tensor, w: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """[M, V] bool: the tokens a screen by the quantized rows keeps for hidden states [M, H]."""
+    m, h = hidden.shape
+    groups = scale.shape[1]
+    dequant = (q.reshape(q.shape[0], groups, -1) * scale[..., None]).reshape(q.shape)  # [V, H]
+    approx = hidden @ dequant.T  # [M, V]
+    l1 = hidden.abs().reshape(m, groups, -1).sum(-1)  # [M, G]
+    bound = l1 @ (scale / 2).T  # [M, V] quantization
+    bound += h * ROUNDING * hidden.abs().sum(-1, keepdim=True) * w.abs().amax(-1)[None]  # fp32 rounding
+    floor = (approx - bound).amax(-1, keepdim=True)  # [M, 1] the best approximate logit's lower end
+    return approx + bound >= floor
+
+
+def pack_pairs(q: torch.Tensor, inputs: int = 8) -> torch.Tensor:
+    """int8 rows q [V, H] as the prototype reads them: pairs of rows, `inputs` of each in turn
+    [V/2, H/inputs, 2, inputs] (8 for its fp32 form, 16 for its int16 one)."""
+    v, h = q.shape
+    return q.to(torch.int8).reshape(v // 2, 2, h // inputs, inputs).permute(0, 2, 1, 3).contiguous()
+
+
+def prototype_args(w: torch.Tensor) -> dict[str, tuple]:
+    """The prototype's arguments after the rows x, per form: the int8 copy of w [V, H] (one scale a row), packed."""
+    q, scale = quantize(w, 8, None)
+    s = scale[:, 0].contiguous()
+    c = (s / 2 + w.shape[1] * ROUNDING * w.abs().amax(-1)).contiguous()  # [V] bound per unit of |x|_1
+    a = (s * q.abs().sum(-1) / 2).contiguous()  # [V] bound per unit of the int16 inputs' scale
+    return {"screened_logits": (pack_pairs(q), s, c, w), "screened_logits_i16": (pack_pairs(q, 16), s, a, c, w)}
+
+
+def time_screen(w: torch.Tensor, states: dict[str, torch.Tensor], rounds: int) -> None:
+    """Check the prototype's argmax at every recorded position, then time it against the bf16 GEMV's lm_head."""
+    ext = optional_extension("eagle_screened_lm_head", Path(__file__).with_name("screened_lm_head.cpp"),
+                             logging.getLogger("eagle"), "no timing")
+    if ext is None or gemv.kind() != "f32":
+        print("--time needs an AVX2 CPU without bf16 arithmetic and a compiler")
+        return
+    forms = prototype_args(w)
+    for name, hidden in states.items():
+        for form, rest in forms.items():
+            got = getattr(ext, form)(hidden.contiguous(), *rest).argmax(-1)
+            assert bool((got == (hidden @ w.T).argmax(-1)).all()), f"{form}'s argmax differs on {name}"
+    w16 = gemv.pack(w.bfloat16())
+    hidden = next(iter(states.values()))
+    print("| rows | threads | bf16 GEMV ms | int8 screen, fp32 inputs | int8 screen, int16 inputs |")
+    print("|---|---|---|---|---|")
+    for threads in (1, 2):
+        torch.set_num_threads(threads)
+        for m in (1, 2, 4, 8):
+            x = hidden[:m].contiguous()
+            now = _median_ms(lambda: gemv.kernel().gemv(x, w16), rounds)
+            cells = [_median_ms(lambda f=f, r=r: getattr(ext, f)(x, *r), rounds) for f, r in forms.items()]
+            print(f"| {m} | {threads} | {now:.2f} | " + " | ".join(f"{t:.2f} ({t / now:.2f})" for t in cells) + " |")
+
+
+def _median_ms(call, rounds: int) -> float:
+    for _ in range(3):
+        call()
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        call()
+        times.append(time.perf_counter() - start)
+    return sorted(times)[rounds // 2] * 1e3
+
+
+def reply_hidden(model, tok, question, max_new_tokens: int) -> torch.Tensor:
+    """Final hidden states [T, H] at the positions whose logits chose the greedy reply's tokens."""
+    ids = first_turn_ids(tok, question)
+    with torch.inference_mode():
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+        hidden = model.model(out).last_hidden_state[0]  # [S, H]
+    return hidden[ids.shape[1] - 1:out.shape[1] - 1]
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = parser(__doc__, "python -m experiments.screened_argmax")
+    ap.add_argument("--humaneval", type=int, default=16, help="HumanEval problems")
+    ap.add_argument("--time", action="store_true", help="time the int8 prototype against the bf16 GEMV")
+    ap.add_argument("--rounds", type=int, default=50)
+    args = ap.parse_args(argv)
+    tok, model, sets = setup(args)
+    model = model.float()  # fp32 of the checkpoint's bf16 values, as decoding runs on a CPU without bf16
+    if args.humaneval:
+        sets["humaneval"] = load_questions("humaneval")[: args.humaneval]
+    w = model.lm_head.weight.detach()  # [V, H]
+    full_bytes = w.numel() * 2  # bf16 rows
+    states = {name: torch.cat([reply_hidden(model, tok, q, args.max_new_tokens) for q in questions])
+              for name, questions in sets.items()}
+    print(f"lm_head {tuple(w.shape)}: {full_bytes / 1e6:.1f} MB in bf16; positions: "
+          + ", ".join(f"{name} {len(h)}" for name, h in states.items()))
+    print("| scheme | set | candidates median / mean / p99 / max | MB read (copy + mean candidates' rows) | share |")
+    print("|---|---|---|---|---|")
+    for label, bits, group in SCHEMES:
+        q, scale = quantize(w, bits, group)
+        copy_bytes = w.numel() * bits / 8 + scale.numel() * 2
+        for name, hidden in states.items():
+            kept = candidates(hidden, w, q, scale)
+            exact = (hidden @ w.T).argmax(-1)
+            assert bool(kept[torch.arange(len(hidden)), exact].all()), "a screen dropped the argmax"
+            n = kept.sum(-1).float()
+            read = copy_bytes + float(n.mean()) * w.shape[1] * 2
+            print(f"| {label} | {name} | {n.median():.0f} / {n.mean():.1f} / {n.quantile(0.99):.0f} / {n.max():.0f} "
+                  f"| {read / 1e6:.1f} | {read / full_bytes:.2f} |")
+    if args.time:
+        time_screen(w, states, args.rounds)
+
+
+if __name__ == "__main__":
+    main()
