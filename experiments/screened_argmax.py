@@ -10,8 +10,8 @@ a scale s, values round(w / s) in [-Q, Q]), Hölder's inequality bounds each app
 
 Every token whose approximate logit plus its bound is below the largest approximate logit minus its own bound
 cannot be the argmax; the others (the candidates) are scored exactly from the weight's own rows, and their argmax
-is the argmax of all. The bounds also carry twice the fp32 rounding bound of a 576-term dot product, so the
-candidates hold the argmax of the logits as any summation order computes them.
+is the argmax of all. The bounds also carry the fp32 rounding bounds of both 576-term dot products (`ROUNDING`),
+so the candidates hold the argmax of the logits as any summation order computes them.
 
 This decodes the greedy text of each prompt (HF eager, fp32), takes the final hidden state at every position of
 its reply, and prints for each quantization how many candidates a position keeps (that the exact argmax is
@@ -28,11 +28,11 @@ kind over bf16 rows), median ms of `--rounds` calls at 1, 2, 4 and 8 rows.
 
 from __future__ import annotations
 
-import torch
-
 import logging
 import time
 from pathlib import Path
+
+import torch
 
 from data_prep.prompt_sets import load_questions
 from eagle.common.native_build import optional_extension
@@ -41,7 +41,8 @@ from experiments.diagnostic_prompts import first_turn_ids, parser, setup
 
 SCHEMES = (("int8, one scale a row", 8, None), ("int8, groups of 64", 8, 64), ("int4, groups of 64", 4, 64),
            ("int4, groups of 32", 4, 32), ("int4, groups of 16", 4, 16))
-ROUNDING = 2.0 * 2.0 ** -24  # per term: twice the unit roundoff of fp32 sums, times the dot product's length
+ROUNDING = 3.0 * 2.0 ** -24  # per term, times the dot product's length: fp32 rounding of the approximate and the
+# exact sums (n u |h|_1 max|w| each), with room for the dequantized rows' max exceeding the weights' by half a step
 
 
 def quantize(w: torch.Tensor, bits: int, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
