@@ -138,61 +138,57 @@ void finish(const float* xp, const float* wp, float* yp, const std::vector<float
   }
 }
 
+// Both forms: step 1 over the threads' runs of pairs, `rows(m, g, p, y, low)` scoring input rows m..m+g-1
+// against pair p, then step 2.
+template <typename Rows>
+torch::Tensor screen(const torch::Tensor& x, const torch::Tensor& w, Rows rows) {
+  const int64_t M = x.size(0), H = x.size(1), V = w.size(0);
+  auto y = torch::empty({M, V}, x.options());
+  float* yp = y.data_ptr<float>();
+  const int64_t groups = (M + kGroup - 1) / kGroup, size = (M + groups - 1) / groups;
+  const int threads = at::get_num_threads();
+  std::vector<float> lows(static_cast<size_t>(threads) * M, -std::numeric_limits<float>::infinity());
+  at::parallel_for(0, V / 2, kTaskPairs, [&](int64_t p0, int64_t p1) {
+    float* low = lows.data() + at::get_thread_num() * M;
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t m = 0; m < M; m += size) rows(m, static_cast<int>(std::min(size, M - m)), p, yp, low);
+  });
+  finish(x.data_ptr<float>(), w.data_ptr<float>(), yp, lows, threads, M, H, V);
+  return y;
+}
+
 }  // namespace
 
 // x [M, H] fp32 (H a multiple of 8), q [V/2, H/8, 2, 8] int8, scale [V], c [V], w [V, H] fp32 -> [M, V].
 torch::Tensor screened_logits(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scale,
                               const torch::Tensor& c, const torch::Tensor& w) {
-  const int64_t M = x.size(0), H = x.size(1), V = w.size(0), pairs = V / 2;
+  const int64_t H = x.size(1), V = w.size(0);
   TORCH_CHECK(H % 8 == 0 && V % 2 == 0 && q.numel() == V * H, "screened_logits: shapes");
-  auto y = torch::empty({M, V}, x.options());
   const auto l1t = x.abs().sum(1).contiguous();
   const float *xp = x.data_ptr<float>(), *sp = scale.data_ptr<float>(), *cp = c.data_ptr<float>(),
-              *l1 = l1t.data_ptr<float>(), *wp = w.data_ptr<float>();
+              *l1 = l1t.data_ptr<float>();
   const int8_t* qp = q.data_ptr<int8_t>();
-  float* yp = y.data_ptr<float>();
-  const int64_t groups = (M + kGroup - 1) / kGroup, size = (M + groups - 1) / groups;
-  const int threads = at::get_num_threads();
-  std::vector<float> lows(static_cast<size_t>(threads) * M, -std::numeric_limits<float>::infinity());
-  at::parallel_for(0, pairs, kTaskPairs, [&](int64_t p0, int64_t p1) {
-    float* low = lows.data() + at::get_thread_num() * M;
-    for (int64_t p = p0; p < p1; ++p)
-      for (int64_t m = 0; m < M; m += size)
-        group(static_cast<int>(std::min(size, M - m)), xp + m * H, qp + p * 2 * H, sp, cp, l1 + m, yp + m * V,
-              low + m, H, V, 2 * p);
+  return screen(x, w, [&](int64_t m, int g, int64_t p, float* yp, float* low) {
+    group(g, xp + m * H, qp + p * 2 * H, sp, cp, l1 + m, yp + m * V, low + m, H, V, 2 * p);
   });
-  finish(xp, wp, yp, lows, threads, M, H, V);
-  return y;
 }
 
 // The same over inputs in int16: x [M, H] fp32 (H a multiple of 16), q [V/2, H/16, 2, 16] int8, scale, a, c [V],
 // w [V, H] fp32 -> [M, V].
 torch::Tensor screened_logits_i16(const torch::Tensor& x, const torch::Tensor& q, const torch::Tensor& scale,
                                   const torch::Tensor& a, const torch::Tensor& c, const torch::Tensor& w) {
-  const int64_t M = x.size(0), H = x.size(1), V = w.size(0), pairs = V / 2;
+  const int64_t H = x.size(1), V = w.size(0);
   TORCH_CHECK(H % 16 == 0 && H <= 1024 && V % 2 == 0 && q.numel() == V * H, "screened_logits_i16: shapes");
-  auto y = torch::empty({M, V}, x.options());
   const auto l1t = x.abs().sum(1).contiguous();
   const auto sxt = (x.abs().amax(1) / 16383).clamp_min(1e-30).contiguous();  // [M]
   const auto kt = torch::round(x / sxt.unsqueeze(1)).to(torch::kInt16).contiguous();  // [M, H]
-  const float *xp = x.data_ptr<float>(), *sp = scale.data_ptr<float>(), *ap = a.data_ptr<float>(),
-              *cp = c.data_ptr<float>(), *l1 = l1t.data_ptr<float>(), *sx = sxt.data_ptr<float>(),
-              *wp = w.data_ptr<float>();
+  const float *sp = scale.data_ptr<float>(), *ap = a.data_ptr<float>(), *cp = c.data_ptr<float>(),
+              *l1 = l1t.data_ptr<float>(), *sx = sxt.data_ptr<float>();
   const int16_t* kp = kt.data_ptr<int16_t>();
   const int8_t* qp = q.data_ptr<int8_t>();
-  float* yp = y.data_ptr<float>();
-  const int64_t groups = (M + kGroup - 1) / kGroup, size = (M + groups - 1) / groups;
-  const int threads = at::get_num_threads();
-  std::vector<float> lows(static_cast<size_t>(threads) * M, -std::numeric_limits<float>::infinity());
-  at::parallel_for(0, pairs, kTaskPairs, [&](int64_t p0, int64_t p1) {
-    float* low = lows.data() + at::get_thread_num() * M;
-    for (int64_t p = p0; p < p1; ++p)
-      for (int64_t m = 0; m < M; m += size)
-        group16(static_cast<int>(std::min(size, M - m)), kp + m * H, qp + p * 2 * H, sp, ap, cp, sx + m, l1 + m,
-                yp + m * V, low + m, H, V, 2 * p);
+  return screen(x, w, [&](int64_t m, int g, int64_t p, float* yp, float* low) {
+    group16(g, kp + m * H, qp + p * 2 * H, sp, ap, cp, sx + m, l1 + m, yp + m * V, low + m, H, V, 2 * p);
   });
-  finish(xp, wp, yp, lows, threads, M, H, V);
-  return y;
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
