@@ -29,7 +29,6 @@ kind over bf16 rows), median ms of `--rounds` calls at 1, 2, 4 and 8 rows.
 from __future__ import annotations
 
 import logging
-import time
 from pathlib import Path
 
 import torch
@@ -37,6 +36,7 @@ import torch
 from data_prep.prompt_sets import load_questions
 from eagle.common.native_build import optional_extension
 from eagle.compiled import gemv
+from evaluation.thread_teams import median_ms
 from experiments.diagnostic_prompts import first_turn_ids, parser, setup
 
 SCHEMES = (("int8, one scale a row", 8, None), ("int8, groups of 64", 8, 64), ("int4, groups of 64", 4, 64),
@@ -105,20 +105,16 @@ def time_screen(w: torch.Tensor, states: dict[str, torch.Tensor], rounds: int) -
         torch.set_num_threads(threads)
         for m in (1, 2, 4, 8):
             x = hidden[:m].contiguous()
-            now = _median_ms(lambda: gemv.kernel().gemv(x, w16), rounds)
-            cells = [_median_ms(lambda f=f, r=r: getattr(ext, f)(x, *r), rounds) for f, r in forms.items()]
+            now = _warm_median_ms(lambda: gemv.kernel().gemv(x, w16), rounds)
+            cells = [_warm_median_ms(lambda f=f, r=r: getattr(ext, f)(x, *r), rounds) for f, r in forms.items()]
             print(f"| {m} | {threads} | {now:.2f} | " + " | ".join(f"{t:.2f} ({t / now:.2f})" for t in cells) + " |")
 
 
-def _median_ms(call, rounds: int) -> float:
+def _warm_median_ms(call, rounds: int) -> float:
+    """The median ms of `rounds` calls after 3 unmeasured ones."""
     for _ in range(3):
         call()
-    times = []
-    for _ in range(rounds):
-        start = time.perf_counter()
-        call()
-        times.append(time.perf_counter() - start)
-    return sorted(times)[rounds // 2] * 1e3
+    return median_ms(call, rounds)
 
 
 def reply_hidden(model, tok, question, max_new_tokens: int) -> torch.Tensor:
