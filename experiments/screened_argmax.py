@@ -16,8 +16,9 @@ so the candidates hold the argmax of the logits as any summation order computes 
 This decodes the greedy text of each prompt (HF eager, fp32), takes the final hidden state at every position of
 its reply, and prints for each quantization how many candidates a position keeps (that the exact argmax is
 among them is asserted) and the bytes a greedy forward would read of the lm_head: the quantized copy with its
-scales, plus the candidates' exact rows. Greedy decoding is deterministic, so these figures do not depend on the
-machine's load.
+scales, plus the candidates' exact rows. Then, on the first prompt set, the int8 screen with the rows x rounded
+too (to 16, 12, 8 or 7 bits, the channels of largest mean |x| kept in fp32 or not), for integer products. Greedy
+decoding is deterministic, so these figures do not depend on the machine's load.
 
 `--time` (AVX2 CPUs; a quiet machine) also builds a prototype kernel of the int8 screen
 (experiments/screened_lm_head.cpp; its two forms: the int8 weights widened to fp32, or the rows x rounded to
@@ -41,6 +42,7 @@ from experiments.diagnostic_prompts import first_turn_ids, parser, setup
 
 SCHEMES = (("int8, one scale a row", 8, None), ("int8, groups of 64", 8, 64), ("int4, groups of 64", 4, 64),
            ("int4, groups of 32", 4, 32), ("int4, groups of 16", 4, 16))
+INPUTS = ((16, 0), (12, 0), (8, 0), (8, 32), (7, 32))  # (bits of the rows x, their largest channels kept in fp32)
 ROUNDING = 3.0 * 2.0 ** -24  # per term, times the dot product's length: fp32 rounding of the approximate and the
 # exact sums (n u |h|_1 max|w| each), with room for the dequantized rows' max exceeding the weights' by half a step
 
@@ -65,8 +67,28 @@ def candidates(hidden: torch.Tensor, w: torch.Tensor, q: torch.Tensor, scale: to
     l1 = hidden.abs().reshape(m, groups, -1).sum(-1)  # [M, G]
     bound = l1 @ (scale / 2).T  # [M, V] quantization
     bound += h * ROUNDING * hidden.abs().sum(-1, keepdim=True) * w.abs().amax(-1)[None]  # fp32 rounding
-    floor = (approx - bound).amax(-1, keepdim=True)  # [M, 1] the best approximate logit's lower end
-    return approx + bound >= floor
+    return screen(approx, bound)
+
+
+def screen(approx: torch.Tensor, bound: torch.Tensor) -> torch.Tensor:
+    """[M, V] bool: the tokens whose upper end reaches the best lower end (approximate logits ± bounds [M, V])."""
+    return approx + bound >= (approx - bound).amax(-1, keepdim=True)
+
+
+def rounded_inputs(hidden: torch.Tensor, w: torch.Tensor, q: torch.Tensor, s: torch.Tensor, bits: int,
+                   apart: int) -> torch.Tensor:
+    """The int8 screen (rows q [V, H], scales s [V]) with the rows x [M, H] rounded too: to `bits`-bit integers,
+    one scale a row, but for the `apart` channels of largest mean |x| here, kept in fp32. Their rounding joins
+    the bound (s_x / 2 * s_v |q_v|_1). [M, V] bool."""
+    order = hidden.abs().mean(0).argsort(descending=True)
+    kept_apart, rest = order[:apart], order[apart:]
+    sx = hidden[:, rest].abs().amax(1, keepdim=True) / (2 ** (bits - 1) - 1)  # [M, 1]
+    k = torch.round(hidden[:, rest] / sx)
+    approx = (k @ q[:, rest].T) * sx * s[None] + hidden[:, kept_apart] @ (q[:, kept_apart] * s[:, None]).T
+    per_l1 = s / 2 + hidden.shape[1] * ROUNDING * w.abs().amax(-1)  # [V]
+    bound = (hidden.abs().sum(1, keepdim=True) * per_l1[None] + sx * (s * q[:, rest].abs().sum(-1) / 2)[None]
+             + 1e-6 * approx.abs())
+    return screen(approx, bound)
 
 
 def pack_pairs(q: torch.Tensor, inputs: int = 8) -> torch.Tensor:
@@ -126,6 +148,42 @@ def reply_hidden(model, tok, question, max_new_tokens: int) -> torch.Tensor:
     return hidden[ids.shape[1] - 1:out.shape[1] - 1]
 
 
+def _counts(kept: torch.Tensor, hidden: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """Candidates per row [M] of a screen's kept [M, V], after checking that it holds the exact argmax."""
+    exact = (hidden @ w.T).argmax(-1)
+    assert bool(kept[torch.arange(len(hidden)), exact].all()), "a screen dropped the argmax"
+    return kept.sum(-1).float()
+
+
+def weights_table(w: torch.Tensor, states: dict[str, torch.Tensor]) -> None:
+    """Candidates and bytes read for each quantization of the rows (`SCHEMES`), per prompt set."""
+    full_bytes = w.numel() * 2  # bf16 rows
+    print("| scheme | set | candidates median / mean / p99 / max | MB read (copy + mean candidates' rows) | share |")
+    print("|---|---|---|---|---|")
+    for label, bits, group in SCHEMES:
+        q, scale = quantize(w, bits, group)
+        copy_bytes = w.numel() * bits / 8 + scale.numel() * 2
+        for name, hidden in states.items():
+            n = _counts(candidates(hidden, w, q, scale), hidden, w)
+            read = copy_bytes + float(n.mean()) * w.shape[1] * 2
+            print(f"| {label} | {name} | {n.median():.0f} / {n.mean():.1f} / {n.quantile(0.99):.0f} / {n.max():.0f} "
+                  f"| {read / 1e6:.1f} | {read / full_bytes:.2f} |")
+
+
+def inputs_table(w: torch.Tensor, states: dict[str, torch.Tensor]) -> None:
+    """Candidates of the int8 screen when the rows x are rounded too (`INPUTS`), on the first prompt set; and how
+    far a row's largest |x| stands above its mean."""
+    name, hidden = next(iter(states.items()))
+    spread = (hidden.abs().amax(1) / hidden.abs().mean(1)).median()
+    print(f"{name}: a row's largest |x| is {spread:.1f}x its mean (median over rows)")
+    print("| x bits | channels kept in fp32 | candidates median / mean / p99 / max |")
+    print("|---|---|---|")
+    q, scale = quantize(w, 8, None)
+    for bits, apart in INPUTS:
+        n = _counts(rounded_inputs(hidden, w, q, scale[:, 0], bits, apart), hidden, w)
+        print(f"| {bits} | {apart} | {n.median():.0f} / {n.mean():.1f} / {n.quantile(0.99):.0f} / {n.max():.0f} |")
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = parser(__doc__, "python -m experiments.screened_argmax")
     ap.add_argument("--humaneval", type=int, default=16, help="HumanEval problems")
@@ -137,24 +195,12 @@ def main(argv: list[str] | None = None) -> None:
     if args.humaneval:
         sets["humaneval"] = load_questions("humaneval")[: args.humaneval]
     w = model.lm_head.weight.detach()  # [V, H]
-    full_bytes = w.numel() * 2  # bf16 rows
     states = {name: torch.cat([reply_hidden(model, tok, q, args.max_new_tokens) for q in questions])
               for name, questions in sets.items()}
-    print(f"lm_head {tuple(w.shape)}: {full_bytes / 1e6:.1f} MB in bf16; positions: "
+    print(f"lm_head {tuple(w.shape)}: {w.numel() * 2 / 1e6:.1f} MB in bf16; positions: "
           + ", ".join(f"{name} {len(h)}" for name, h in states.items()))
-    print("| scheme | set | candidates median / mean / p99 / max | MB read (copy + mean candidates' rows) | share |")
-    print("|---|---|---|---|---|")
-    for label, bits, group in SCHEMES:
-        q, scale = quantize(w, bits, group)
-        copy_bytes = w.numel() * bits / 8 + scale.numel() * 2
-        for name, hidden in states.items():
-            kept = candidates(hidden, w, q, scale)
-            exact = (hidden @ w.T).argmax(-1)
-            assert bool(kept[torch.arange(len(hidden)), exact].all()), "a screen dropped the argmax"
-            n = kept.sum(-1).float()
-            read = copy_bytes + float(n.mean()) * w.shape[1] * 2
-            print(f"| {label} | {name} | {n.median():.0f} / {n.mean():.1f} / {n.quantile(0.99):.0f} / {n.max():.0f} "
-                  f"| {read / 1e6:.1f} | {read / full_bytes:.2f} |")
+    weights_table(w, states)
+    inputs_table(w, states)
     if args.time:
         time_screen(w, states, args.rounds)
 

@@ -8,7 +8,7 @@ import torch
 
 from eagle.common.native_build import optional_extension
 from eagle.compiled import gemv
-from experiments.screened_argmax import candidates, prototype_args, quantize
+from experiments.screened_argmax import candidates, prototype_args, quantize, rounded_inputs
 
 
 def _rows(vocab: int = 512, width: int = 64, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -33,6 +33,16 @@ def test_the_screen_keeps_the_argmax_and_drops_most_rows(bits, group):
     assert bool(kept[:8, 1].all() and kept[:8, 2].all())  # the near-tie stays for the exact logits to decide
     if bits == 8:
         assert float(kept.sum(-1).float().mean()) < w.shape[0] / 4
+
+
+@pytest.mark.parametrize("bits,apart", [(16, 0), (7, 4)])
+def test_rounded_inputs_keep_the_argmax(bits, apart):
+    w, hidden = _rows()
+    hidden[8:, 5] *= 30  # an outlier channel in the rows without the near-tie
+    q, scale = quantize(w, 8, None)
+    kept = rounded_inputs(hidden, w, q, scale[:, 0], bits, apart)
+    assert bool(kept[torch.arange(len(hidden)), (hidden @ w.T).argmax(-1)].all())
+    assert bool(kept[:8, 1].all() and kept[:8, 2].all())
 
 
 def test_the_prototype_kernel_picks_the_exact_argmax():
