@@ -147,11 +147,14 @@ torch::Tensor screen(const torch::Tensor& x, const torch::Tensor& w, Rows rows) 
   float* yp = y.data_ptr<float>();
   const int64_t groups = (M + kGroup - 1) / kGroup, size = (M + groups - 1) / groups;
   const int threads = at::get_num_threads();
-  std::vector<float> lows(static_cast<size_t>(threads) * M, -std::numeric_limits<float>::infinity());
+  constexpr float kNone = -std::numeric_limits<float>::infinity();
+  std::vector<float> lows(static_cast<size_t>(threads) * M, kNone);
   at::parallel_for(0, V / 2, kTaskPairs, [&](int64_t p0, int64_t p1) {
-    float* low = lows.data() + at::get_thread_num() * M;
+    std::vector<float> low(M, kNone);  // the task's own: threads writing one shared line per pair ran 2x slower
     for (int64_t p = p0; p < p1; ++p)
-      for (int64_t m = 0; m < M; m += size) rows(m, static_cast<int>(std::min(size, M - m)), p, yp, low);
+      for (int64_t m = 0; m < M; m += size) rows(m, static_cast<int>(std::min(size, M - m)), p, yp, low.data());
+    float* mine = lows.data() + at::get_thread_num() * M;
+    for (int64_t m = 0; m < M; ++m) mine[m] = std::max(mine[m], low[m]);
   });
   finish(x.data_ptr<float>(), w.data_ptr<float>(), yp, lows, threads, M, H, V);
   return y;
