@@ -107,11 +107,19 @@ def prototype_args(w: torch.Tensor) -> dict[str, tuple]:
     return {"screened_logits": (pack_pairs(q), s, c, w), "screened_logits_i16": (pack_pairs(q, 16), s, a, c, w)}
 
 
+def prototype():
+    """The prototype kernel's extension, built at first use; None without AVX2/FMA, on a CPU with bf16 arithmetic
+    (decoding there is not fp32), or without a compiler."""
+    if gemv.kind() != "f32" or not {"avx2", "fma"} <= gemv.cpu_flags():
+        return None
+    return optional_extension("eagle_screened_lm_head", Path(__file__).with_name("screened_lm_head.cpp"),
+                              logging.getLogger("eagle"), "no prototype")
+
+
 def time_screen(w: torch.Tensor, states: dict[str, torch.Tensor], rounds: int) -> None:
     """Check the prototype's argmax at every recorded position, then time it against the bf16 GEMV's lm_head."""
-    ext = optional_extension("eagle_screened_lm_head", Path(__file__).with_name("screened_lm_head.cpp"),
-                             logging.getLogger("eagle"), "no timing")
-    if ext is None or gemv.kind() != "f32":
+    ext = prototype()
+    if ext is None:
         print("--time needs an AVX2 CPU without bf16 arithmetic and a compiler")
         return
     forms = prototype_args(w)

@@ -1,14 +1,10 @@
 """experiments.screened_argmax: the screen by quantized rows keeps the exact argmax, near-ties included, and the
 prototype kernel (where it builds) picks the same argmax from its int8 pairs."""
 
-import logging
-
 import pytest
 import torch
 
-from eagle.common.native_build import optional_extension
-from eagle.compiled import gemv
-from experiments.screened_argmax import candidates, prototype_args, quantize, rounded_inputs
+from experiments.screened_argmax import candidates, prototype, prototype_args, quantize, rounded_inputs
 
 
 def _rows(vocab: int = 512, width: int = 64, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -17,7 +13,7 @@ def _rows(vocab: int = 512, width: int = 64, seed: int = 0) -> tuple[torch.Tenso
     gen = torch.Generator().manual_seed(seed)
     w = (torch.randn(vocab, width, generator=gen) * 0.05).bfloat16().float()
     w[2] = w[1]
-    w[2, 0] += w[1, 0].abs() * 2 ** -7  # one bf16 step on the first input
+    w[2, 0] += w[1, 0].abs() * 2 ** -7  # about one bf16 step on the first input
     hidden = torch.randn(16, width, generator=gen)
     hidden[:8] += 40 * w[1]  # rows 1 and 2 lead by far; between them, the first input decides
     return w, hidden
@@ -46,15 +42,9 @@ def test_rounded_inputs_keep_the_argmax(bits, apart):
 
 
 def test_the_prototype_kernel_picks_the_exact_argmax():
-    if gemv.kind() != "f32" or not {"avx2", "fma"} <= gemv.cpu_flags():
-        pytest.skip("the prototype is AVX2 code for CPUs without bf16 arithmetic")
-    from pathlib import Path
-
-    import experiments.screened_argmax as study
-    ext = optional_extension("eagle_screened_lm_head", Path(study.__file__).with_name("screened_lm_head.cpp"),
-                             logging.getLogger("eagle"), "skipped")
+    ext = prototype()
     if ext is None:
-        pytest.skip("no compiler")
+        pytest.skip("the prototype is AVX2 code for CPUs without bf16 arithmetic, built by a compiler")
     w, hidden = _rows()
     for form, rest in prototype_args(w).items():
         for m in (1, 3, 8, 16):
