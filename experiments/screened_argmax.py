@@ -85,10 +85,16 @@ def rounded_inputs(hidden: torch.Tensor, w: torch.Tensor, q: torch.Tensor, s: to
     sx = hidden[:, rest].abs().amax(1, keepdim=True) / (2 ** (bits - 1) - 1)  # [M, 1]
     k = torch.round(hidden[:, rest] / sx)
     approx = (k @ q[:, rest].T) * sx * s[None] + hidden[:, kept_apart] @ (q[:, kept_apart] * s[:, None]).T
-    per_l1 = s / 2 + hidden.shape[1] * ROUNDING * w.abs().amax(-1)  # [V]
-    bound = (hidden.abs().sum(1, keepdim=True) * per_l1[None] + sx * (s * q[:, rest].abs().sum(-1) / 2)[None]
-             + 1e-6 * approx.abs())
+    per_l1, per_sx = row_bounds(w, q[:, rest], s)
+    bound = hidden.abs().sum(1, keepdim=True) * per_l1[None] + sx * per_sx[None] + 1e-6 * approx.abs()
     return screen(approx, bound)
+
+
+def row_bounds(w: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token [V], for int8 rows q (of the rounded inputs' channels) with scales s [V]: the bound per unit of
+    |x|_1 (half the scale, and the fp32 rounding of w [V, H]'s sums) and per unit of the inputs' own scale s_x
+    (s_v |q_v|_1 / 2)."""
+    return (s / 2 + w.shape[1] * ROUNDING * w.abs().amax(-1)).contiguous(), (s * q.abs().sum(-1) / 2).contiguous()
 
 
 def pack_pairs(q: torch.Tensor, inputs: int = 8) -> torch.Tensor:
@@ -102,8 +108,7 @@ def prototype_args(w: torch.Tensor) -> dict[str, tuple]:
     """The prototype's arguments after the rows x, per form: the int8 copy of w [V, H] (one scale a row), packed."""
     q, scale = quantize(w, 8, None)
     s = scale[:, 0].contiguous()
-    c = (s / 2 + w.shape[1] * ROUNDING * w.abs().amax(-1)).contiguous()  # [V] bound per unit of |x|_1
-    a = (s * q.abs().sum(-1) / 2).contiguous()  # [V] bound per unit of the int16 inputs' scale
+    c, a = row_bounds(w, q, s)
     return {"screened_logits": (pack_pairs(q), s, c, w), "screened_logits_i16": (pack_pairs(q, 16), s, a, c, w)}
 
 

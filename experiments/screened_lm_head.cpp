@@ -150,7 +150,7 @@ torch::Tensor screen(const torch::Tensor& x, const torch::Tensor& w, Rows rows) 
   constexpr float kNone = -std::numeric_limits<float>::infinity();
   std::vector<float> lows(static_cast<size_t>(threads) * M, kNone);
   at::parallel_for(0, V / 2, kTaskPairs, [&](int64_t p0, int64_t p1) {
-    std::vector<float> low(M, kNone);  // the task's own: threads writing one shared line per pair ran 2x slower
+    std::vector<float> low(M, kNone);  // the task's own, so threads do not write one shared line at every pair
     for (int64_t p = p0; p < p1; ++p)
       for (int64_t m = 0; m < M; m += size) rows(m, static_cast<int>(std::min(size, M - m)), p, yp, low.data());
     float* mine = lows.data() + at::get_thread_num() * M;
