@@ -286,6 +286,64 @@ def test_a_compiled_fp32_decoder_over_bf16_weights_decodes_as_eager_greedy(monke
     model = EaModel(target, head, settings=FIXED, compile=True)
     assert torch.equal(model.naivegenerate(ids, max_new_tokens=16), expected)
     assert torch.equal(model.eagenerate(ids, max_new_tokens=16), expected)
-    assert budget_key(model, [8], [2])["gemv"] == gemv.key()
+    assert budget_key(model, [8], [2])["gemv"] == gemv.key(gemv.int8_drafts())
     monkeypatch.setenv("EAGLE_GEMV", "0")
     assert budget_key(model, [8], [2])["gemv"] == "off"
+
+
+needs_int8_form = pytest.mark.skipif(not (gemv.f32_capable(cpu_flags()) and gemv.kernel() is not None
+                                          and gemv.kernel().packed()), reason="the int8 form is the AVX2 form's")
+
+
+@needs_int8_form
+def test_int8_weights_multiply_as_their_codes_times_the_row_scales():
+    """`int8_pack`'s codes in pairs of rows and one scale a row; the op multiplies x by scale * codes (fp32 sums in
+    another order only), any row count up to the limit, and past it takes the graph's exact fp32 w^T."""
+    torch.manual_seed(6)
+    for rows, inputs, outputs in PAIRED_SHAPES:
+        w, x = torch.randn(outputs, inputs), torch.randn(rows, inputs)
+        codes, scale = gemv.int8_pack(w)
+        assert codes.dtype == torch.int8 and codes.shape == (outputs // 2, inputs // 8, 2, 8)
+        read = codes.permute(0, 2, 1, 3).reshape(outputs, inputs).double() * scale.double()[:, None]  # [O, I]
+        assert ((read - w.double()).abs() <= scale.double()[:, None] / 2 + 1e-6).all()  # half a step a weight
+        y = torch.ops.eagle.gemv_int8_linear(x, codes, scale, 16, w.t())
+        exact = F.linear(x.double(), read)
+        bound = (inputs + 2) * 2.0**-24 * F.linear(x.double().abs(), read.abs())
+        assert y.shape == (rows, outputs) and ((y.double() - exact).abs() <= bound).all(), (rows, inputs, outputs)
+    x, w = torch.randn(2, 9, 64), torch.randn(24, 64)  # 18 rows past the limit: the exact linear
+    assert torch.equal(torch.ops.eagle.gemv_int8_linear(x, *gemv.int8_pack(w), 16, w.t()), x @ w.t())
+    assert gemv.int8_pack(w[:3]) is None and gemv.int8_pack(w[:, :12]) is None
+    zero = gemv.int8_pack(torch.zeros(2, 8))  # a row of zeros: codes 0, scale 1
+    assert torch.equal(zero[1], torch.ones(2)) and not zero[0].any()
+
+
+@needs_int8_form
+def test_the_draft_reads_int8_weights_and_the_output_stays_the_targets(monkeypatch):
+    """Under the fp32 kind the draft head's graphs (and only theirs) read int8 weights (EAGLE_DRAFT_INT8=auto), and
+    greedy EAGLE decoding still gives HF's greedy tokens: the draft proposes, the target's verify decides.
+    EAGLE_DRAFT_INT8=0 keeps the head's weights exact."""
+    from eagle.compiled import graph_cache
+
+    monkeypatch.setattr(gemv, "cpu_flags", lambda: set(gemv.AVX2_FLAGS))
+    monkeypatch.setenv("EAGLE_GEMV", "auto")
+    passes = []  # (int8, mms replaced) of each graph compiled
+    rewrite = gemv.rewrite_linears
+    monkeypatch.setattr(gemv, "rewrite_linears", lambda graph, int8=False: passes.append(
+        (int8, rewrite(graph, int8=int8))) or passes[-1][1])
+    target = tiny_llama(seed=3, dtype=torch.bfloat16).float()
+    head = random_eagle3_head(target).to(torch.bfloat16).float()
+    ids = prompt(0, 12)
+    expected = hf_greedy(target, ids, 16)
+    for choice, int8 in (("auto", True), ("0", False)):
+        monkeypatch.setenv("EAGLE_DRAFT_INT8", choice)
+        passes.clear()
+        torch._dynamo.reset()
+        with torch._inductor.config.patch(fx_graph_cache=False):
+            model = EaModel(target, head, settings=FIXED, compile=True)
+            assert torch.equal(model.eagenerate(ids, max_new_tokens=16), expected)
+        head_passes = [flag for flag, count in passes if flag]
+        assert bool(head_passes) == int8 and len(passes) > len(head_passes)  # the target's graphs stay exact
+        assert all(count > 0 for _, count in passes)
+        uuid = graph_cache.compile_options(head, draft=True)["post_grad_custom_post_pass"].uuid()
+        assert uuid.endswith("-" + gemv.key(int8)) and ("-int8-" in uuid) == int8  # its own inductor cache entries
+        assert "-int8-" not in graph_cache.compile_options(target)["post_grad_custom_post_pass"].uuid()

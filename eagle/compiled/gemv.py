@@ -18,6 +18,10 @@ a time, up to eight input rows against them as the weights stream in) reads bf16
   bytes. On a 2-core AVX512F Xeon (12.6 GB/s) the compiled fp32 forward of 1 / 4 / 16 rows took 37.6 / 47.0 / 117.2
   ms against the template's 52.2 / 72.3 / 139.9; on a 2-core Zen 3 (AVX2) 1 / 4 / 8 rows 13.1 / 16.2 / 25.1 ms
   against 21.9 / 28.0 / 38.1 (docs/speed.md).
+- `int8` drafts: the draft head's graphs (and only theirs) read each weight as int8 codes with one fp32 scale a row
+  (`int8_pack`, `eagle::gemv_int8_linear`), where the kernel runs its AVX2 form in the `f32` kind
+  (`int8_drafts`, EAGLE_DRAFT_INT8). The draft only proposes tokens and the target's verify, whose weights stay
+  exact, decides which are output: the output is unchanged, τ may move (docs/speed.md).
 
 `EAGLE_GEMV=auto` (the default) takes the kind the CPU has: `bf16` with AVX512-BF16 and no AMX, `f32` with
 AVX512F/BW/VL, or AVX2/FMA, and no AVX512-BF16; `EAGLE_GEMV=1`: `bf16` wherever the CPU has AVX512-BF16 (AMX included);
@@ -111,11 +115,16 @@ def _build():
     if ext is None:
         return None
     torch.library.register_fake("eagle::gemv_linear")(_fake)
+    torch.library.register_fake("eagle::gemv_int8_linear")(_fake_int8)
     return ext if ext.available() or ext.available_f32() else None
 
 
 def _fake(x: torch.Tensor, w: torch.Tensor, max_rows: int, full: torch.Tensor | None = None) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], out_features(w))
+
+
+def _fake_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, max_rows: int, full: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], scale.shape[0])
 
 
 def out_features(w: torch.Tensor) -> int:
@@ -141,6 +150,28 @@ def pack(w: torch.Tensor) -> torch.Tensor | None:
     return w.reshape(o // rows, rows, i // (halves * inputs), halves, inputs).permute(0, 2, 3, 1, 4).contiguous()
 
 
+def int8_drafts() -> bool:
+    """Whether the draft head's compiled graphs read their weights as int8 (`int8_pack`; EAGLE_DRAFT_INT8, "auto" by
+    default: where the kernel's AVX2 form runs the fp32 kind, i.e. on CPUs without AVX512 and without bf16
+    arithmetic; "0": never). The draft only proposes tokens: the target's verify decides what is output, so
+    approximate draft weights change τ, never the output."""
+    choice = env_choice("EAGLE_DRAFT_INT8", "auto", ("auto", "0"))
+    return choice == "auto" and kind() == "f32" and active() and kernel().packed()
+
+
+def int8_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """w [O, I] fp32 as int8 codes in the AVX2 form's pairs [O/2, I/8, 2, 8] (pair p: for each 8 inputs in turn,
+    row 2p's 8 codes, then row 2p + 1's) and each row's scale [O] (its largest |w| / 127; a row of zeros takes 1),
+    the row read as scale * codes; None where O is odd or I not a multiple of 8."""
+    o, i = w.shape
+    if o % 2 or i % 8:
+        return None
+    peak = w.abs().amax(dim=1)  # [O]
+    scale = torch.where(peak > 0, peak / 127, torch.ones_like(peak))  # [O]
+    codes = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)  # [O, I]
+    return codes.reshape(o // 2, 2, i // 8, 8).permute(0, 2, 1, 3).contiguous(), scale.float().contiguous()
+
+
 def reads(w: torch.Tensor) -> bool:
     """Whether this process's compiled graphs give a frozen weight w [O, I] on the CPU to the kernel (`active()`,
     `kind()`): bf16 in "bf16"; fp32 with bf16 values only in "f32"."""
@@ -151,7 +182,7 @@ def reads(w: torch.Tensor) -> bool:
     return w.dtype == torch.float32 and _kernel_copy(w.detach()) is not None
 
 
-def rewrite_linears(graph: torch.fx.Graph) -> int:
+def rewrite_linears(graph: torch.fx.Graph, int8: bool = False) -> int:
     """Replace every `mm(x, w^T)` of a 2-D x [M, I] by the transpose of a contiguous weight w [O, I] (a graph
     input, or a frozen constant, whose transpose freezing folds into a view of it) by
     `eagle::gemv_linear(x, w16, MAX_ROWS)`, in place: of the `kind()` "bf16", bf16 x and w (w16 = w); of "f32",
@@ -159,7 +190,9 @@ def rewrite_linears(graph: torch.fx.Graph) -> int:
     graph; the products are the same, the bytes read half), with the mm's own w^T for rows past MAX_ROWS.
     Frozen weights of one x whose rows follow one another in one storage (siblings joined by
     eagle/compiled/sibling_weights.py) take one call over the span of them, each mm then a slice of its
-    columns. How many mms were replaced."""
+    columns. int8 (the draft head's graphs, `int8_drafts`): in the "f32" kind each such weight is read as int8
+    codes and row scales instead (`eagle::gemv_int8_linear`, `int8_pack`), an approximation. How many mms were
+    replaced."""
     which = kind()
     dtype = torch.bfloat16 if which == "bf16" else torch.float32
     order = {node: i for i, node in enumerate(graph.nodes)}
@@ -171,7 +204,8 @@ def rewrite_linears(graph: torch.fx.Graph) -> int:
     count = 0
     for linears in by_input.values():
         for run in _runs(linears):
-            count += _replace(graph, run, which, min((mm for mm, _, _ in run), key=order.__getitem__))
+            count += _replace(graph, run, which, min((mm for mm, _, _ in run), key=order.__getitem__),
+                              int8 and which == "f32")
     graph.eliminate_dead_code()
     return count
 
@@ -214,25 +248,17 @@ def _frozen_matrix(mm: torch.fx.Node, weight: torch.fx.Node) -> torch.Tensor | N
     return w if weight is not mm.args[1] else w.t()
 
 
-def _replace(graph: torch.fx.Graph, run: list[tuple], which: str, before: torch.fx.Node) -> int:
-    """One `eagle::gemv_linear` for the run's mms (inserted before `before`, the first of them in the graph),
-    each mm's uses then taking its columns of the output; how many mms were replaced (0: fp32 weights whose
-    values are not all bf16 values keep their mms)."""
-    mm, weight, w = run[0]
-    x = _val(mm.args[0])
+def _replace(graph: torch.fx.Graph, run: list[tuple], which: str, before: torch.fx.Node, int8: bool = False) -> int:
+    """One call of our op for the run's mms (`_gemv_call`, inserted before `before`, the first of them in the
+    graph), each mm's uses then taking its columns of the output; how many mms were replaced (0: fp32 weights whose
+    values are not all bf16 values keep their mms, unless int8)."""
     with graph.inserting_before(before):
-        weight, w, full_t = _joined(graph, run, which) if len(run) > 1 else (weight, w, mm.args[1])
-        if which == "f32":
-            weight = _bf16_constant(graph, w, x) if w is not None else None
-            if weight is None:
-                return 0
-        elif weight is mm.args[1]:  # w^T itself: its transpose is w, a view
-            weight = graph.call_function(aten.permute.default, (weight, [1, 0]))
-            weight.meta["val"] = _val(mm.args[1]).t()
-        full = (full_t,) if which == "f32" else ()  # rows past MAX_ROWS: the graph's own fp32 w^T
-        op = graph.call_function(torch.ops.eagle.gemv_linear.default, (mm.args[0], weight, MAX_ROWS[which], *full))
+        op = _gemv_call(graph, run, which, int8)
+    if op is None:
+        return 0
+    mm, x = run[0][0], _val(run[0][0].args[0])
     op.meta.update(mm.meta)
-    op.meta["val"] = x.new_empty(x.shape[0], out_features(_val(weight)))  # [M, O] (O: the run's outputs together)
+    op.meta["val"] = x.new_empty(x.shape[0], sum(_val(node).shape[1] for node, _, _ in run))  # [M, O]: all outputs
     start = 0
     for node, _, part in run:
         use = op
@@ -245,6 +271,25 @@ def _replace(graph: torch.fx.Graph, run: list[tuple], which: str, before: torch.
         node.replace_all_uses_with(use)
         graph.erase_node(node)
     return len(run)
+
+
+def _gemv_call(graph: torch.fx.Graph, run: list[tuple], which: str, int8: bool) -> torch.fx.Node | None:
+    """The node of `eagle::gemv_linear` over the run's weights (one, or a span of joined ones), or with int8 of
+    `eagle::gemv_int8_linear` (`_int8_call`); None where the weights cannot be read so."""
+    mm, weight, w = run[0]
+    x = _val(mm.args[0])
+    weight, w, full_t = _joined(graph, run, which) if len(run) > 1 else (weight, w, mm.args[1])
+    if int8:
+        return _int8_call(graph, w, x, mm.args[0], full_t)
+    if which == "f32":
+        weight = _bf16_constant(graph, w, x) if w is not None else None
+        if weight is None:
+            return None
+    elif weight is mm.args[1]:  # w^T itself: its transpose is w, a view
+        weight = graph.call_function(aten.permute.default, (weight, [1, 0]))
+        weight.meta["val"] = _val(mm.args[1]).t()
+    full = (full_t,) if which == "f32" else ()  # rows past MAX_ROWS: the graph's own fp32 w^T
+    return graph.call_function(torch.ops.eagle.gemv_linear.default, (mm.args[0], weight, MAX_ROWS[which], *full))
 
 
 def _joined(graph: torch.fx.Graph, run: list[tuple], which: str) -> tuple:
@@ -274,14 +319,29 @@ def _bf16_constant(graph: torch.fx.Graph, w: torch.Tensor, like: torch.Tensor) -
     the kernel's layout (`pack`), where every value of w is a bf16 value and the layout takes its shape (None
     otherwise); faked as `like` is."""
     w16 = _kernel_copy(w)
-    if w16 is None:
+    return None if w16 is None else _constant(graph, "_eagle_bf16_", w16, like)
+
+
+def _int8_call(graph: torch.fx.Graph, w: torch.Tensor | None, like: torch.Tensor, x: torch.fx.Node,
+               full_t: torch.fx.Node) -> torch.fx.Node | None:
+    """`eagle::gemv_int8_linear(x, codes, scales, MAX_ROWS, full_t)` over new frozen constants holding
+    `int8_pack(w)` (w [O, I]: a frozen fp32 weight or a span of joined ones); None where w is not frozen or the
+    packing does not take its shape."""
+    packed = int8_pack(w) if w is not None else None
+    if packed is None:
         return None
+    nodes = [_constant(graph, "_eagle_int8_", t, like) for t in packed]
+    return graph.call_function(torch.ops.eagle.gemv_int8_linear.default, (x, *nodes, MAX_ROWS["f32"], full_t))
+
+
+def _constant(graph: torch.fx.Graph, prefix: str, t: torch.Tensor, like: torch.Tensor) -> torch.fx.Node:
+    """A new frozen constant of the graph's module holding t, named prefix + a count; faked as `like` is."""
     module = graph.owning_module
-    name = f"_eagle_bf16_{sum(name.startswith('_eagle_bf16_') for name in module._buffers)}"
-    module.register_buffer(name, w16, persistent=False)
-    copy = graph.get_attr(name)
-    copy.meta["val"] = _fake_like(w16, like)
-    return copy
+    name = f"{prefix}{sum(name.startswith(prefix) for name in module._buffers)}"
+    module.register_buffer(name, t, persistent=False)
+    node = graph.get_attr(name)
+    node.meta["val"] = _fake_like(t, like)
+    return node
 
 
 def _kernel_copy(w: torch.Tensor) -> torch.Tensor | None:
@@ -307,11 +367,12 @@ def _val(node) -> torch.Tensor | None:
     return val if isinstance(val, torch.Tensor) else None
 
 
-def key() -> str:
-    """What a graph rewritten by the pass depends on beyond its own code: the kind, the rows the op takes, and
-    this pass's and the kernel's sources (a changed pass must not be served its old graphs from inductor's cache)."""
+def key(int8: bool = False) -> str:
+    """What a graph rewritten by the pass depends on beyond its own code: the kind, the rows the op takes, whether
+    it reads int8 weights, and this pass's and the kernel's sources (a changed pass must not be served its old
+    graphs from inductor's cache)."""
     which = kind()
-    return f"gemv-{which}-{MAX_ROWS.get(which)}-{_sources_digest()}"
+    return f"gemv-{which}-{MAX_ROWS.get(which)}{'-int8' * int8}-{_sources_digest()}"
 
 
 @cache

@@ -48,8 +48,8 @@ _DIGESTS: weakref.WeakKeyDictionary[nn.Module, str] = weakref.WeakKeyDictionary(
 _WARNED: set[tuple[int, int]] = set()  # (compiled at, called at) thread counts already reported
 
 
-def compiled_call(compiling: bool, *modules: nn.Module,
-                  threads: int | None = None) -> contextlib.AbstractContextManager:
+def compiled_call(compiling: bool, *modules: nn.Module, threads: int | None = None,
+                  draft: bool = False) -> contextlib.AbstractContextManager:
     """The context of one call of a graph over `modules`' weights.
 
     While a shape compiles (`compiling`: the caller has not run it before): `compile_options`, all of
@@ -60,9 +60,10 @@ def compiled_call(compiling: bool, *modules: nn.Module,
     calls of a compiled shape (same module, dtype, cache tensors, inference mode). Dynamo then checks only the
     guards that tell this code object's graphs apart (`skip_guard_eval_unsafe`), and refuses to compile a call
     (a RuntimeError, not a graph silently compiled without our options). After a compile the new graph's packed
-    weights are shared with earlier graphs' equal ones (eagle/compiled/shared_constants.py)."""
+    weights are shared with earlier graphs' equal ones (eagle/compiled/shared_constants.py). draft: the graph
+    is the draft head's, whose weights may be read approximately (`compile_options`)."""
     if compiling:
-        return _compiling(modules, threads)
+        return _compiling(modules, threads, draft)
     return torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
 
 
@@ -85,7 +86,7 @@ def threads_match(compiled_at: int) -> bool:
 
 
 @contextlib.contextmanager
-def _compiling(modules: tuple[nn.Module, ...], threads: int | None):
+def _compiling(modules: tuple[nn.Module, ...], threads: int | None, draft: bool):
     """Our options while a graph compiles, with no forward of a model in another thread meanwhile; then
     its packed weights shared with the graphs before it
     (eagle/compiled/shared_constants.py), and no second copy of the graph kept for torch's
@@ -93,7 +94,7 @@ def _compiling(modules: tuple[nn.Module, ...], threads: int | None):
     before = torch.get_num_threads()
     torch.set_num_threads(threads or before)
     try:  # no eager forward beside a compile (eagle/common/forward_lock.py)
-        with one_forward(), inductor.patch(**compile_options(*modules)), sharing(), _unrecorded():
+        with one_forward(), inductor.patch(**compile_options(*modules, draft=draft)), sharing(), _unrecorded():
             yield
     finally:
         torch.set_num_threads(before)
@@ -113,7 +114,7 @@ def _unrecorded() -> contextlib.AbstractContextManager:
 MATMULS = ("template", "autotune", "aten")  # EAGLE_MATMULS: how our graphs lower their matmuls
 
 
-def compile_options(*modules: nn.Module) -> dict:
+def compile_options(*modules: nn.Module, draft: bool = False) -> dict:
     """Inductor settings of a graph over `modules`' weights. `freezing`: the weights become graph
     constants. The matmuls follow EAGLE_MATMULS (`matmuls_policy`):
 
@@ -126,7 +127,9 @@ def compile_options(*modules: nn.Module) -> dict:
 
     Under any of them, linear layers take our GEMV where it pays (eagle/compiled/gemv.py, EAGLE_GEMV): bf16 ones, or fp32
     ones over bf16-valued weights on a CPU without bf16 arithmetic; over CPU weights, the target's attention takes
-    our kernel (eagle/compiled/attention_kernel.py, EAGLE_ATTENTION), built here before the trace.
+    our kernel (eagle/compiled/attention_kernel.py, EAGLE_ATTENTION), built here before the trace. A `draft`
+    graph (the draft head's) reads its weights as int8 where `gemv.int8_drafts()`: the draft proposes, the
+    target's verify decides, so the output stays the target's.
 
     Without the template hook (`install_template_gemm`) graphs keep oneDNN prepacking, uncached.
 
@@ -144,7 +147,7 @@ def compile_options(*modules: nn.Module) -> dict:
     if on_cpu(*modules):  # before the trace, which asks whether the kernel is there
         attention_kernel.ensure_built()
     options = {"freezing": True, "cpp_wrapper": cpp_wrapper_wanted(*modules), "epilogue_fusion": False,
-               **weights_key(*modules, policy=policy, use_gemv=gemv.active())}
+               **weights_key(*modules, policy=policy, use_gemv=gemv.active(), int8=draft and gemv.int8_drafts())}
     if policy != "aten":
         options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
     if install_template_gemm():
@@ -207,26 +210,27 @@ def _is_cpp_template(choice) -> bool:
 
 
 class _WeightsKey(CustomGraphPass):
-    """Our graphs' post-grad pass: linear layers to our GEMV when `use_gemv` (eagle/compiled/gemv.py), nothing
-    else. Its uuid (the weights' digest, the matmul policy, the GEMV's) joins the FX graph cache key, and its
-    presence marks a graph as ours to the template hook."""
+    """Our graphs' post-grad pass: linear layers to our GEMV when `use_gemv` (eagle/compiled/gemv.py; over int8
+    weights when `int8`), nothing else. Its uuid (the weights' digest, the matmul policy, the GEMV's) joins the FX
+    graph cache key, and its presence marks a graph as ours to the template hook."""
 
-    def __init__(self, digest: str, policy: str, use_gemv: bool = False):
-        self.digest, self.policy, self.use_gemv = digest, policy, use_gemv
+    def __init__(self, digest: str, policy: str, use_gemv: bool = False, int8: bool = False):
+        self.digest, self.policy, self.use_gemv, self.int8 = digest, policy, use_gemv, int8
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         if self.use_gemv:
-            gemv.rewrite_linears(graph)
+            gemv.rewrite_linears(graph, int8=self.int8)
 
     def uuid(self) -> str:
-        return f"{self.digest}-{self.policy}-{attention_kernel.key()}" + (f"-{gemv.key()}" if self.use_gemv else "")
+        gemv_key = f"-{gemv.key(self.int8)}" if self.use_gemv else ""
+        return f"{self.digest}-{self.policy}-{attention_kernel.key()}{gemv_key}"
 
 
-def weights_key(*modules: nn.Module, policy: str = "template", use_gemv: bool = False) -> dict:
+def weights_key(*modules: nn.Module, policy: str = "template", use_gemv: bool = False, int8: bool = False) -> dict:
     """Inductor options that key the graphs compiled for `modules` by their weights (`weights_digest`)
     and by how their matmuls are chosen."""
     digest = "-".join(weights_digest(m) for m in modules)
-    return {"post_grad_custom_post_pass": _WeightsKey(digest, policy, use_gemv)}
+    return {"post_grad_custom_post_pass": _WeightsKey(digest, policy, use_gemv, int8)}
 
 
 def weights_digest(module: nn.Module) -> str:

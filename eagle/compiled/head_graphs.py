@@ -177,7 +177,7 @@ class CompiledHead:
         if compiling:
             log.info("compiling the draft's %s for shape %s (once per process)", shape[0], shape[1:])
         start = time.perf_counter()
-        with compiled_call(compiling, self.head, self.scorer, threads=self.threads):
+        with compiled_call(compiling, self.head, self.scorer, threads=self.threads, draft=True):
             before = direct_call.graphs(self._eager[fn]) if compiling else set()
             out = fn(*args)
             if compiling:

@@ -66,15 +66,16 @@ def budget_key(model, sizes, depths) -> dict:
         "dtype": str(lm_head.dtype), "device": _device_name(lm_head.device), "threads": torch.get_num_threads(),
         "torch": torch.__version__, "top_k": model.settings.top_k, "draft_vocab": model.draft_vocab_size,
         "compiled": model.compiled is not None, "matmuls": matmuls_policy() if model.compiled is not None else None,
-        "gemv": _gemv_key() if model.compiled is not None else None,  # verify costs change with the kernel's code
+        "gemv": _gemv_key() if model.compiled is not None else None,  # verify and draft costs change with the kernel
         "cpp_wrapper": cpp_wrapper_wanted(target) if model.compiled is not None else None,  # and with it
         "attention": attention_kernel.key() if model.compiled is not None else None,  # and with the attention
     }
 
 
 def _gemv_key() -> str:
-    """The GEMV kernel's kind and source digest where the verify graphs use it, else "off"."""
-    return gemv.key() if gemv.active() else "off"
+    """The GEMV kernel's kind, source digest and whether the draft reads int8 weights where the graphs use it,
+    else "off"."""
+    return gemv.key(gemv.int8_drafts()) if gemv.active() else "off"
 
 
 def path_of(key: dict) -> Path:

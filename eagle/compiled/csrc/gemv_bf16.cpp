@@ -15,7 +15,7 @@
 // to the stream's (on an AVX512F Xeon an 8-row call of the target's weights took 0.8x as long as two passes of 4).
 // Inputs need not fill the last register: it is loaded masked. Each output is its row's own sum, whatever rows run
 // beside it. The AVX2 form (avx2_gemv below) reads the weights packed in pairs of output rows, each pair one run of
-// bytes.
+// bytes, as bf16 or (the draft head's approximate weights: `gemv_int8_linear`) as int8 codes with a scale a row.
 
 #include <torch/extension.h>
 
@@ -212,14 +212,14 @@ void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
 // 2-core Zen 3 the target's weights took 0.71-0.89x the time of that at 1-16 input rows (pairs of rows read in
 // one pass beat blocks of 4 or 8 read in passes of 2, and match blocks of 8 in one pass at 1 row). Input rows are
 // taken up to kGroup at a time (groups of even size), G x 2 accumulators, 2 weights and an input within the 16
-// registers; the first group fetches the weights kAhead ahead, later ones re-read the pair from L1 (2 x I x 2
+// registers; the first group fetches the weights 2 KB ahead, later ones re-read the pair from L1 (2 x I x 2
 // bytes). The 4 + 4 order widens a 32-byte chunk into the two rows' registers with one interleave each
 // (`widen_pair`), where widening each row's 8 weights took two instructions: 0.94-0.96x the time at 4 input
 // rows, the same at 1 (Zen 3).
 namespace avx2_gemv {
 constexpr int kRows = 2;              // output rows a pass: the packing's
 constexpr int kGroup = 6;             // input rows a pass, at most: 12 accumulators
-constexpr int64_t kAhead = 2048 / 2;  // weights fetched ahead of the first group (2 KB)
+constexpr int kAheadBytes = 2048;     // weights fetched ahead of the first group
 constexpr int64_t kTaskPairs = 8;     // pairs a thread's task takes, at least
 
 // A chunk [2 halves][2 rows][4 inputs] of bf16 as the two rows' 8 fp32 weights: interleaving zeros below each
@@ -237,17 +237,36 @@ inline float sum8(__m256 v) {  // the 8 lanes' sum, by one fixed tree
   return _mm_cvtss_f32(s);
 }
 
-// Input rows x[0..G-1] times the pair of rows at `pair` (outputs o, o + 1); `fetch`: prefetch ahead (first group).
-template <int G>
-void pass(const float* x, const uint16_t* pair, float* y, int64_t I, int64_t O, int64_t o, bool fetch) {
+// The two weight formats of a pair, per 8 inputs: `Bf16Pair` 32 bytes ([2 halves][2 rows][4 inputs] bf16, exact),
+// `Int8Pair` 16 bytes ([2 rows][8 inputs] int8 codes q, a row's weights s_o q: the draft head's approximate form,
+// `gemv_int8_linear`), each widened to the two rows' 8 fp32 weights.
+struct Bf16Pair {
+  using W = uint16_t;
+  static void widen(const uint16_t* chunk, __m256& row0, __m256& row1) { widen_pair(chunk, row0, row1); }
+};
+
+struct Int8Pair {
+  using W = int8_t;
+  static void widen(const int8_t* chunk, __m256& row0, __m256& row1) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk));
+    row0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+    row1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v, v)));
+  }
+};
+
+// Input rows x[0..G-1] times the pair of rows at `pair` (outputs o, o + 1), each sum times its row's scale where
+// `scale` is given; `fetch`: prefetch 2 KB ahead (first group).
+template <typename P, int G>
+void pass(const float* x, const typename P::W* pair, const float* scale, float* y, int64_t I, int64_t O, int64_t o,
+          bool fetch) {
   __m256 acc[G][kRows];
   for (int g = 0; g < G; ++g)
     for (int r = 0; r < kRows; ++r) acc[g][r] = _mm256_setzero_ps();
   for (int64_t k = 0; k < I; k += 8) {
-    const uint16_t* chunk = pair + k * kRows;  // [2 halves][2 rows][4 inputs]: 32 bytes
-    if (fetch) _mm_prefetch(reinterpret_cast<const char*>(chunk + kAhead), _MM_HINT_T0);
+    const typename P::W* chunk = pair + k * kRows;  // both rows' weights of inputs k..k+7
+    if (fetch) _mm_prefetch(reinterpret_cast<const char*>(chunk) + kAheadBytes, _MM_HINT_T0);
     __m256 w0, w1;
-    widen_pair(chunk, w0, w1);
+    P::widen(chunk, w0, w1);
     for (int g = 0; g < G; ++g) {
       const __m256 xv = _mm256_loadu_ps(x + g * I + k);
       acc[g][0] = _mm256_fmadd_ps(xv, w0, acc[g][0]);
@@ -255,33 +274,37 @@ void pass(const float* x, const uint16_t* pair, float* y, int64_t I, int64_t O, 
     }
   }
   for (int g = 0; g < G; ++g)
-    for (int r = 0; r < kRows; ++r) y[g * O + o + r] = sum8(acc[g][r]);
+    for (int r = 0; r < kRows; ++r) y[g * O + o + r] = scale ? scale[o + r] * sum8(acc[g][r]) : sum8(acc[g][r]);
 }
 
-void group(int g, const float* x, const uint16_t* pair, float* y, int64_t I, int64_t O, int64_t o, bool fetch) {
+template <typename P>
+void group(int g, const float* x, const typename P::W* pair, const float* scale, float* y, int64_t I, int64_t O,
+           int64_t o, bool fetch) {
   switch (g) {
-    case 1: pass<1>(x, pair, y, I, O, o, fetch); break;
-    case 2: pass<2>(x, pair, y, I, O, o, fetch); break;
-    case 3: pass<3>(x, pair, y, I, O, o, fetch); break;
-    case 4: pass<4>(x, pair, y, I, O, o, fetch); break;
-    case 5: pass<5>(x, pair, y, I, O, o, fetch); break;
-    default: pass<6>(x, pair, y, I, O, o, fetch); break;
+    case 1: pass<P, 1>(x, pair, scale, y, I, O, o, fetch); break;
+    case 2: pass<P, 2>(x, pair, scale, y, I, O, o, fetch); break;
+    case 3: pass<P, 3>(x, pair, scale, y, I, O, o, fetch); break;
+    case 4: pass<P, 4>(x, pair, scale, y, I, O, o, fetch); break;
+    case 5: pass<P, 5>(x, pair, scale, y, I, O, o, fetch); break;
+    default: pass<P, 6>(x, pair, scale, y, I, O, o, fetch); break;
   }
 }
 
-// x [M, I] times the packed w [O/2, I/8, 2, 2, 4]: the threads' tasks are runs of pairs; M rows in the fewest
-// groups of up to kGroup, of even sizes (8 rows: 4 + 4, which took 0.84x the time of all 8 in one pass).
-void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
+// x [M, I] times packed pairs of rows (w: bf16 [O/2, I/8, 2, 2, 4], or int8 [O/2, I/8, 2, 8] with `scale` [O]):
+// the threads' tasks are runs of pairs; M rows in the fewest groups of up to kGroup, of even sizes (8 rows: 4 + 4,
+// which took 0.84x the time of all 8 in one pass).
+template <typename P>
+void run(const torch::Tensor& x, const torch::Tensor& w, const float* scale, torch::Tensor& y) {
   const int64_t M = x.size(0), I = x.size(1), pairs = w.size(0), O = pairs * kRows;
   const int64_t groups = (M + kGroup - 1) / kGroup, size = (M + groups - 1) / groups;
   const auto* xp = x.data_ptr<float>();
-  const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
+  const auto* wp = reinterpret_cast<const typename P::W*>(w.data_ptr());
   auto* yp = y.data_ptr<float>();
   at::parallel_for(0, pairs, kTaskPairs, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p)
       for (int64_t m = 0; m < M; m += size)
-        group(static_cast<int>(std::min(size, M - m)), xp + m * I, wp + p * kRows * I, yp + m * O, I, O,
-              p * kRows, m == 0);
+        group<P>(static_cast<int>(std::min(size, M - m)), xp + m * I, wp + p * kRows * I, scale, yp + m * O, I, O,
+                 p * kRows, m == 0);
   });
 }
 }  // namespace avx2_gemv
@@ -339,7 +362,7 @@ torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& w) {
   if (bf16) run<Bf16>(x, w, y);
   else run<F32>(x, w, y);
 #elif defined(EAGLE_GEMV_AVX2)
-  avx2_gemv::run(x, w, y);  // fp32 x only: available() is false without AVX512-BF16
+  avx2_gemv::run<avx2_gemv::Bf16Pair>(x, w, nullptr, y);  // fp32 x only: available() is false without AVX512-BF16
 #endif
   return y;
 }
@@ -365,8 +388,39 @@ at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& w, int64_t max_row
   return gemv(x.reshape({M, I}).contiguous(), w).view(shape);
 }
 
-TORCH_LIBRARY_FRAGMENT(eagle, m) { m.def("gemv_linear(Tensor x, Tensor w, int max_rows, Tensor? full=None) -> Tensor"); }
-TORCH_LIBRARY_IMPL(eagle, CPU, m) { m.impl("gemv_linear", &gemv_linear); }
+// Whether q is int8 codes in the AVX2 form's pairs [O/2, I/8, 2, 8] and scale their rows' fp32 scales [O].
+bool int8_readable(const at::Tensor& q, const at::Tensor& scale) {
+  return packed() && q.dim() == 4 && q.size(2) == 2 && q.size(3) == 8 && q.scalar_type() == at::kChar &&
+         q.is_contiguous() && scale.dim() == 1 && scale.size(0) == 2 * q.size(0) &&
+         scale.scalar_type() == at::kFloat && scale.is_contiguous();
+}
+
+// The draft head's linear layers over int8 weights (eagle/compiled/gemv.py `int8_drafts`): x [..., I] fp32 times
+// w [O, I]^T, w's row o read as scale[o] * q[o] (q's codes rounded from w: an approximation, which drafting may
+// use and verifying never does). More than `max_rows` rows take `full`, the graph's own exact fp32 w^T [I, O].
+at::Tensor gemv_int8_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale, int64_t max_rows,
+                            const at::Tensor& full) {
+  const int64_t I = x.size(-1);
+  const int64_t M = I ? x.numel() / I : 0;
+  if (x.scalar_type() != at::kFloat || M > max_rows || M == 0 || !int8_readable(q, scale) || q.size(1) * 8 != I)
+    return at::matmul(x, full);
+  auto shape = x.sizes().vec();
+  shape.back() = scale.size(0);
+  auto y = torch::empty({M, scale.size(0)}, x.options());
+#ifdef EAGLE_GEMV_AVX2
+  avx2_gemv::run<avx2_gemv::Int8Pair>(x.reshape({M, I}).contiguous(), q, scale.data_ptr<float>(), y);
+#endif
+  return y.view(shape);
+}
+
+TORCH_LIBRARY_FRAGMENT(eagle, m) {
+  m.def("gemv_linear(Tensor x, Tensor w, int max_rows, Tensor? full=None) -> Tensor");
+  m.def("gemv_int8_linear(Tensor x, Tensor q, Tensor scale, int max_rows, Tensor full) -> Tensor");
+}
+TORCH_LIBRARY_IMPL(eagle, CPU, m) {
+  m.impl("gemv_linear", &gemv_linear);
+  m.impl("gemv_int8_linear", &gemv_int8_linear);
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemv", &gemv, "y [M, O] = x [M, I] w [O, I]^T, bf16 w (in the build's layout), bf16 or fp32 x");
