@@ -21,6 +21,9 @@ os.environ["EAGLE_MATMULS"] = "aten"
 # ... and calls its kernels from Python: the C++ wrapper (the decoder's default, eagle/compiled/graph_cache.py)
 # compiles a tiny model's graphs 1.5-2.5x slower; the tests that check it set EAGLE_CPP_WRAPPER=1.
 os.environ["EAGLE_CPP_WRAPPER"] = "0"
+# ... and drafts with exact head weights, so compiled and eager drafts agree: on AVX2 CPUs the decoder's default
+# reads them as int8 (eagle/compiled/gemv.py `int8_drafts`); tests/test_gemv.py sets EAGLE_DRAFT_INT8=auto to check it.
+os.environ["EAGLE_DRAFT_INT8"] = "0"
 
 
 @pytest.fixture(autouse=True)
