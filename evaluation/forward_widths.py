@@ -80,9 +80,9 @@ def _call(runner: CompiledTarget, width: int, hidden: bool):
     return lambda: runner.forward(tokens, positions, visible, CONTEXT, hidden=hidden)
 
 
-LOWERINGS = {  # --matmuls: inductor options of a graph over `modules`' weights, in place of ours
-    "inputs": lambda *modules: {"freezing": False, **graph_cache.weights_key(*modules)},
-    "prepack": lambda *modules: {"freezing": True, "cpp.weight_prepack": True},
+LOWERINGS = {  # --matmuls: inductor options of a target graph over `modules`' weights, in place of ours
+    "inputs": lambda *modules, draft=False: {"freezing": False, **graph_cache.weights_key(*modules)},
+    "prepack": lambda *modules, draft=False: {"freezing": True, "cpp.weight_prepack": True},
 }
 
 

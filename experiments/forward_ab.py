@@ -77,8 +77,8 @@ def sides(change: str, base: str, dtype: str | torch.dtype = "bfloat16"
 
         return {"with": (runner(True), policy("auto")), "without": (runner(False), policy("0"))}
     if change == "epilogue":
-        def fused(*modules) -> dict:
-            return {**OURS(*modules), "epilogue_fusion": True}
+        def fused(*modules, draft: bool = False) -> dict:
+            return {**OURS(*modules, draft=draft), "epilogue_fusion": True}
 
         return {"with": (runner(True), lambda: setattr(graph_cache, "compile_options", OURS)),
                 "without": (runner(True), lambda: setattr(graph_cache, "compile_options", fused))}

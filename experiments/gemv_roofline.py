@@ -14,7 +14,8 @@ Prints, per row count, each one's milliseconds and the GB/s at which it read the
 output against torch's. `gemv_siblings` is the kernel over the same bytes with each layer's sibling linears (those
 reading the same input: q, k and v; gate and up) as one weight: four calls a layer instead of seven, which is what
 a graph pass joining them would buy. Rows past a few dozen are compute-bound, where ATen's blocking wins: the decoder's op
-hands them to ATen (`gemv.MAX_ROWS`).
+hands them to ATen (`gemv.MAX_ROWS`). `gemv_int8` (where the kernel runs its AVX2 form in fp32) is the same layers
+read as int8 codes and a scale a row (`gemv.int8_pack`, the form the draft head's graphs take: half the bytes).
 
 `--decode torch|gemv` times our compiled plain decoding instead (`EaModel.naivegenerate`, 64 greedy tokens of a
 chat prompt, bf16), with EAGLE_GEMV=0 or 1; one mode a process, so run the two alternately:
@@ -58,11 +59,14 @@ def sibling_weights(config) -> list[torch.Tensor]:
 
 def step_ms(weights: list[torch.Tensor], rows: int, linear, rounds: int, dtype: torch.dtype) -> float:
     """Milliseconds for `rows` rows of `dtype` through every weight with `linear(x, w)` (w [O, I], or packed)."""
-    inputs = {i: torch.randn(rows, i, dtype=dtype) for i in {gemv.in_features(w) for w in weights}}
+    def width(w) -> int:  # I of a weight in any of the kernel's layouts, or of int8 codes and scales
+        return w[0].shape[1] * 8 if isinstance(w, tuple) else gemv.in_features(w)
+
+    inputs = {i: torch.randn(rows, i, dtype=dtype) for i in {width(w) for w in weights}}
 
     def run():
         for w in weights:
-            linear(inputs[gemv.in_features(w)], w)
+            linear(inputs[width(w)], w)
 
     run()
     return median_ms(run, rounds)
@@ -71,6 +75,11 @@ def step_ms(weights: list[torch.Tensor], rows: int, linear, rounds: int, dtype: 
 def kernel_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """x [M, I] @ w^T through the kernel at any M (w in the kernel's layout: `gemv.pack`)."""
     return torch.ops.eagle.gemv_linear(x, w, x.shape[0])
+
+
+def int8_linear(x: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x [M, I] @ w^T through the kernel's int8 form at any M (w: `gemv.int8_pack`'s codes and scales)."""
+    return torch.ops.eagle.gemv_int8_linear(x, *w, x.shape[0], x.new_empty(0))
 
 
 def kernel_dtype() -> torch.dtype:
@@ -120,12 +129,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     size = sum(w.numel() * w.element_size() for w in weights)  # the kernel's bytes: bf16 weights
     assert size == sum(w.numel() * w.element_size() for w in siblings)
     read = {"torch": sum(w.numel() * w.element_size() for w in dense), "gemv": size, "gemv_siblings": size}
+    int8 = [gemv.int8_pack(w) for w in dense] if dtype == torch.float32 and gemv.kernel().packed() else []
+    if int8 and all(w is not None for w in int8):  # every layer's shape packs (even outputs, inputs of 8s)
+        read["gemv_int8"] = sum(q.numel() + s.numel() * 4 for q, s in int8)
     bandwidth = read_bandwidth(args.rounds)
     out = []
     for rows in (int(r) for r in args.rows.split(",")):
         ms = {"torch": step_ms(dense, rows, F.linear, args.rounds, dtype),
               "gemv": step_ms(weights, rows, kernel_linear, args.rounds, dtype),
-              "gemv_siblings": step_ms(siblings, rows, kernel_linear, args.rounds, dtype)}
+              "gemv_siblings": step_ms(siblings, rows, kernel_linear, args.rounds, dtype),
+              **({"gemv_int8": step_ms(int8, rows, int8_linear, args.rounds, dtype)} if "gemv_int8" in read else {})}
         out.append({"rows": rows, "threads": args.threads, "dtype": str(dtype).removeprefix("torch."),
                     "weights_mb": round(size / 1e6), "read_gb_s": round(bandwidth / 1e9, 1),
                     **{f"{k}_ms": round(v, 1) for k, v in ms.items()},

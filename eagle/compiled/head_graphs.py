@@ -160,7 +160,8 @@ class CompiledHead:
 
     def _call(self, shape: tuple, fn, *args, compile_now: bool = False) -> torch.Tensor | tuple[torch.Tensor, ...]:
         """fn(*args) through its graph for `shape`, compiled with the target's settings (keyed by the head's
-        and scorer's weights: eagle/compiled/graph_cache.py) at the shape's first call; under `defer` (and not
+        and scorer's weights: eagle/compiled/graph_cache.py; on AVX2 CPUs reading them as int8, a draft's
+        approximation: eagle/compiled/gemv.py `int8_drafts`) at the shape's first call; under `defer` (and not
         compile_now) a shape not compiled yet runs eagerly and joins `missing`."""
         compiling = shape not in self.shapes
         if not threads_match(self.threads):
