@@ -15,18 +15,16 @@ outputs f̂_{t+1}; draft logits are the draft vocabulary's scores of f̂. The *r
 tree is the last committed token: decided by the target but not yet in either KV cache.
 EAGLE-3 heads read three target layers side by side instead of f_t; everything else is shared.
 
-Generation: `generate(input_ids, ..., stream=False, method="eagle")` returns ids [1, S+new], or with
-`stream=True` an iterator of the new tokens; method="naive" decodes plainly, one target forward per
-token (`plain`, eagle/decoding/plain_step.py). `eagenerate`, `naivegenerate`, `ea_generate` and
-`naive_generate` are its EAGLE-named forms.
+Generation: `generate(input_ids, ..., stream=False, method="eagle")` returns ids [1, S+new], or with `stream=True`
+an iterator of the new tokens; method="naive": one target forward per token (`plain`, eagle/decoding/plain_step.py).
+`eagenerate`, `naivegenerate`, `ea_generate` and `naive_generate` are its EAGLE-named forms.
 
-Runners (eagle/decoding/runners.py). The decoder reaches the target only through `runner` and the
-head only through `drafter.runner`, each picked once when the model is built: compiled by default
-(`compile`; eagle/compiled/target_graphs.py `CompiledTarget`: one graph for every tree width over a
-static KV cache in buckets; eagle/compiled/head_graphs.py `CompiledHead`), or eager
-(eagle/decoding/eager_target.py over HF's DynamicCache with a tree mask per layer type, which targets
-with sliding windows always use; eagle/decoding/eager_head.py). `DecodeState.target_cache` and
-`head_past` hold whatever cache the runners return, and the steps only hand them back.
+Runners (eagle/decoding/runners.py). The decoder reaches the target only through `runner` and the head only through
+`drafter.runner`, each picked once when the model is built: compiled by default (`compile`;
+eagle/compiled/target_graphs.py `CompiledTarget`: one graph for every tree width over a static KV cache in buckets;
+eagle/compiled/head_graphs.py `CompiledHead`), or eager (eagle/decoding/eager_target.py over HF's DynamicCache with
+a tree mask per layer type, which targets with sliding windows always use; eagle/decoding/eager_head.py).
+`DecodeState.target_cache` and `head_past` hold whatever cache the runners return, which the steps pass on.
 """
 
 from __future__ import annotations
@@ -50,6 +48,7 @@ from eagle.tuning.machine_load import OthersShare
 from eagle.tuning.tuner import DEPTHS, SIZES, TreeBudget, describe, tune_tree
 from eagle.tuning.warmup import Warmup, adopt, generation, prepare_in_background
 from eagle.heads.checkpoint import Head, check_head_fits, load_head
+from eagle.compiled.gemv import screened_argmax
 from eagle.compiled.head_graphs import CompiledHead
 from eagle.compiled.target_graphs import CompiledTarget, compilable, wanted
 from eagle.decoding.tree_drafter import Drafter
@@ -339,7 +338,7 @@ class EaModel(nn.Module):
             yield stats.emit(budget, token, start)
             if budget.done:
                 return lambda: KeptRows.of(torch.cat(tokens), self.runner, self.plain.cache)
-            with profiled("eagle.step"), profiled("eagle.plain.forward"):
+            with profiled("eagle.step"), profiled("eagle.plain.forward"), screened_argmax(params.greedy):
                 logits = self.plain(token)
             stats.steps += 1
             stats.accept_lengths.append(1)
@@ -425,7 +424,8 @@ class EaModel(nn.Module):
 
     def step(self, state: DecodeState, tree: Tree, params: SamplingParams = GREEDY) -> tuple[DecodeState, torch.Tensor]:
         """verify + accept + commit; consumes `state` (its target cache moves to the new state)."""
-        verified = self.verify(state, tree)
+        with screened_argmax(params.greedy):  # greedy: the logits feed the argmax alone
+            verified = self.verify(state, tree)
         path, bonus = self.accept(tree, verified, params)
         return self.commit(state, tree, verified, path, bonus)
 

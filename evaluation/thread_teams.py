@@ -34,11 +34,13 @@ from eagle.targets.resolve import load_causal_lm, resolve_target
 from evaluation.forward_widths import _call, prefill_context
 
 
-def median_ms(call: Callable[[], None], reps: int) -> float:
-    """The median ms of `reps` calls, on the calling thread."""
+def median_ms(call: Callable[[], None], reps: int, before: Callable[[], object] | None = None) -> float:
+    """The median ms of `reps` calls, on the calling thread; `before`, untimed, ahead of each."""
     spent = []
     with torch.inference_mode():
         for _ in range(reps):
+            if before is not None:
+                before()
             start = time.perf_counter()
             call()
             spent.append(time.perf_counter() - start)

@@ -15,7 +15,7 @@ output against torch's. `gemv_siblings` is the kernel over the same bytes with e
 reading the same input: q, k and v; gate and up) as one weight: four calls a layer instead of seven, which is what
 a graph pass joining them would buy. Rows past a few dozen are compute-bound, where ATen's blocking wins: the decoder's op
 hands them to ATen (`gemv.MAX_ROWS`). `gemv_int8` (where the kernel runs its AVX2 form in fp32) is the same layers
-read as int8 codes and a scale a row (`gemv.int8_pack`, the form the draft head's graphs take: half the bytes).
+read as int8 codes and a scale a row (`int8_codes.int8_pack`, the form the draft head's graphs take: half the bytes).
 
 `--decode torch|gemv` times our compiled plain decoding instead (`EaModel.naivegenerate`, 64 greedy tokens of a
 chat prompt, bf16), with EAGLE_GEMV=0 or 1; one mode a process, so run the two alternately:
@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 from transformers import AutoConfig
 
-from eagle.compiled import gemv
+from eagle.compiled import gemv, int8_codes
 from eagle.targets.resolve import resolve_target
 from evaluation.thread_teams import median_ms
 from experiments.decode_roofline import linear_shapes, projection_widths, read_bandwidth
@@ -78,7 +78,7 @@ def kernel_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def int8_linear(x: torch.Tensor, w: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """x [M, I] @ w^T through the kernel's int8 form at any M (w: `gemv.int8_pack`'s codes and scales)."""
+    """x [M, I] @ w^T through the kernel's int8 form at any M (w: `int8_codes.int8_pack`'s codes and scales)."""
     return torch.ops.eagle.gemv_int8_linear(x, *w, x.shape[0], x.new_empty(0))
 
 
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     size = sum(w.numel() * w.element_size() for w in weights)  # the kernel's bytes: bf16 weights
     assert size == sum(w.numel() * w.element_size() for w in siblings)
     read = {"torch": sum(w.numel() * w.element_size() for w in dense), "gemv": size, "gemv_siblings": size}
-    int8 = [gemv.int8_pack(w) for w in dense] if dtype == torch.float32 and gemv.kernel().packed() else []
+    int8 = [int8_codes.int8_pack(w) for w in dense] if dtype == torch.float32 and gemv.kernel().packed() else []
     if int8 and all(w is not None for w in int8):  # every layer's shape packs (even outputs, inputs of 8s)
         read["gemv_int8"] = sum(q.numel() + s.numel() * 4 for q, s in int8)
     bandwidth = read_bandwidth(args.rounds)

@@ -20,31 +20,26 @@ scales, plus the candidates' exact rows. Then, on the first prompt set, the int8
 too (to 16, 12, 8 or 7 bits, the channels of largest mean |x| kept in fp32 or not), for integer products. Greedy
 decoding is deterministic, so these figures do not depend on the machine's load.
 
-`--time` (AVX2 CPUs; a quiet machine) also builds a prototype kernel of the int8 screen
-(experiments/screened_lm_head.cpp; its two forms: the int8 weights widened to fp32, or the rows x rounded to
-16-bit integers for integer products), checks that each one's argmax equals the exact one at every recorded
-position, and times them against the lm_head as our compiled graphs run it now (eagle/compiled/gemv.py's fp32
-kind over bf16 rows), median ms of `--rounds` calls at 1, 2, 4 and 8 rows.
+`--time` (AVX2 CPUs without bf16 arithmetic; a quiet machine) also checks that the decoder's screened lm_head
+(eagle/compiled/gemv.py `screen_pack`, `eagle::gemv_screened_linear`: int8 rows, the rows x as 16-bit integers for
+integer products) picks the exact argmax at every recorded position, and times it against the same op unscreened
+(the fp32 kind's GEMV over bf16 rows), median ms of `--rounds` calls at 1, 2, 4 and 8 rows: hot (the weights in the
+caches, as the prototype was timed) and cold (64 MB written between calls, as a forward's other weights evict them).
 """
 
 from __future__ import annotations
 
-import logging
-from pathlib import Path
-
 import torch
 
 from data_prep.prompt_sets import load_questions
-from eagle.common.native_build import optional_extension
-from eagle.compiled import gemv
+from eagle.compiled import gemv, int8_codes
 from evaluation.thread_teams import median_ms
 from experiments.diagnostic_prompts import first_turn_ids, parser, setup
 
 SCHEMES = (("int8, one scale a row", 8, None), ("int8, groups of 64", 8, 64), ("int4, groups of 64", 4, 64),
            ("int4, groups of 32", 4, 32), ("int4, groups of 16", 4, 16))
 INPUTS = ((16, 0), (12, 0), (8, 0), (8, 32), (7, 32))  # (bits of the rows x, their largest channels kept in fp32)
-ROUNDING = 3.0 * 2.0 ** -24  # per term, times the dot product's length: fp32 rounding of the approximate and the
-# exact sums (n u |h|_1 max|w| each), with room for the dequantized rows' max exceeding the weights' by half a step
+ROUNDING = int8_codes.ROUNDING  # per term, times the dot product's length: the sums' fp32 rounding
 
 
 def quantize(w: torch.Tensor, bits: int, group: int | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -97,59 +92,47 @@ def row_bounds(w: torch.Tensor, q: torch.Tensor, s: torch.Tensor) -> tuple[torch
     return (s / 2 + w.shape[1] * ROUNDING * w.abs().amax(-1)).contiguous(), (s * q.abs().sum(-1) / 2).contiguous()
 
 
-def pack_pairs(q: torch.Tensor, inputs: int = 8) -> torch.Tensor:
-    """int8 rows q [V, H] as the prototype reads them: pairs of rows, `inputs` of each in turn
-    [V/2, H/inputs, 2, inputs] (8 for its fp32 form, 16 for its int16 one)."""
-    v, h = q.shape
-    return q.to(torch.int8).reshape(v // 2, 2, h // inputs, inputs).permute(0, 2, 1, 3).contiguous()
-
-
-def prototype_args(w: torch.Tensor) -> dict[str, tuple]:
-    """The prototype's arguments after the rows x, per form: the int8 copy of w [V, H] (one scale a row), packed."""
-    q, scale = quantize(w, 8, None)
-    s = scale[:, 0].contiguous()
-    c, a = row_bounds(w, q, s)
-    return {"screened_logits": (pack_pairs(q), s, c, w), "screened_logits_i16": (pack_pairs(q, 16), s, a, c, w)}
-
-
-def prototype():
-    """The prototype kernel's extension, built at first use; None without AVX2/FMA, on a CPU with bf16 arithmetic
-    (decoding there is not fp32), or without a compiler."""
-    if gemv.kind() != "f32" or not {"avx2", "fma"} <= gemv.cpu_flags():
+def decoder_screen(w: torch.Tensor):
+    """`call(x, greedy)`: the decoder's lm_head op over w [V, H] (screening where `greedy`); None where the CPU
+    does not screen (`gemv.screens()`: AVX2 without bf16 arithmetic, the kernel built)."""
+    if not gemv.screens():
         return None
-    return optional_extension("eagle_screened_lm_head", Path(__file__).with_name("screened_lm_head.cpp"),
-                              logging.getLogger("eagle"), "no prototype")
+    w16, packed, full = gemv.pack(w.bfloat16()), int8_codes.screen_pack(w), w.t()
+
+    def call(x: torch.Tensor, greedy: bool) -> torch.Tensor:
+        with gemv.screened_argmax(greedy):
+            return torch.ops.eagle.gemv_screened_linear(x, w16, *packed, 16, 16, full)
+    return call
 
 
 def time_screen(w: torch.Tensor, states: dict[str, torch.Tensor], rounds: int) -> None:
-    """Check the prototype's argmax at every recorded position, then time it against the bf16 GEMV's lm_head."""
-    ext = prototype()
-    if ext is None:
-        print("--time needs an AVX2 CPU without bf16 arithmetic and a compiler")
+    """Check the decoder's screened argmax at every recorded position, then time it against the op unscreened."""
+    call = decoder_screen(w)
+    if call is None:
+        print("--time needs an AVX2 CPU without bf16 arithmetic and the GEMV kernel built")
         return
-    forms = prototype_args(w)
     for name, hidden in states.items():
-        for form, rest in forms.items():
-            got = getattr(ext, form)(hidden.contiguous(), *rest).argmax(-1)
-            assert bool((got == (hidden @ w.T).argmax(-1)).all()), f"{form}'s argmax differs on {name}"
-    w16 = gemv.pack(w.bfloat16())
+        for row in hidden.split(8):
+            assert torch.equal(call(row.contiguous(), True).argmax(-1), call(row.contiguous(), False).argmax(-1)), name
     hidden = next(iter(states.values()))
-    print("| rows | threads | bf16 GEMV ms | int8 screen, fp32 inputs | int8 screen, int16 inputs |")
-    print("|---|---|---|---|---|")
+    evict = torch.empty(64 << 20, dtype=torch.uint8)
+    print("| rows | threads | unscreened ms, hot | screened, hot | unscreened ms, cold | screened, cold |")
+    print("|---|---|---|---|---|---|")
     for threads in (1, 2):
         torch.set_num_threads(threads)
         for m in (1, 2, 4, 8):
             x = hidden[:m].contiguous()
-            now = _warm_median_ms(lambda: gemv.kernel().gemv(x, w16), rounds)
-            cells = [_warm_median_ms(lambda f=f, r=r: getattr(ext, f)(x, *r), rounds) for f, r in forms.items()]
-            print(f"| {m} | {threads} | {now:.2f} | " + " | ".join(f"{t:.2f} ({t / now:.2f})" for t in cells) + " |")
+            hot = [_warm_median_ms(lambda g=g: call(x, g), rounds) for g in (False, True)]
+            cold = [_warm_median_ms(lambda g=g: call(x, g), rounds, lambda: evict.add_(1)) for g in (False, True)]
+            print(f"| {m} | {threads} | {hot[0]:.2f} | {hot[1]:.2f} ({hot[1] / hot[0]:.2f}) | {cold[0]:.2f} "
+                  f"| {cold[1]:.2f} ({cold[1] / cold[0]:.2f}) |")
 
 
-def _warm_median_ms(call, rounds: int) -> float:
-    """The median ms of `rounds` calls after 3 unmeasured ones."""
+def _warm_median_ms(call, rounds: int, before=None) -> float:
+    """The median ms of `rounds` calls after 3 unmeasured ones (`before` ahead of each, untimed)."""
     for _ in range(3):
         call()
-    return median_ms(call, rounds)
+    return median_ms(call, rounds, before)
 
 
 def reply_hidden(model, tok, question, max_new_tokens: int) -> torch.Tensor:

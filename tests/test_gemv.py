@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from eagle.common.native_build import cpu_flags
-from eagle.compiled import gemv
+from eagle.compiled import gemv, int8_codes
 from eagle.model import EaModel
 from tests.tiny import FIXED, hf_greedy, prompt, random_eagle3_head, tiny_llama
 
@@ -110,8 +110,10 @@ def _compiled_code(fn, *args, options: dict) -> str:
 
 
 def _gemv_calls(code: str) -> int:
-    """Calls of our op in a graph's generated code: from its Python wrapper or from its C++ one."""
-    return code.count("torch.ops.eagle.gemv_linear.default(") + code.count('_dispatcher("eagle::gemv_linear"')
+    """Calls of our ops in a graph's generated code (the lm_head's may be the screened one): from its Python
+    wrapper or from its C++ one."""
+    return sum(code.count(f"torch.ops.eagle.{op}.default(") + code.count(f'_dispatcher("eagle::{op}"')
+               for op in ("gemv_linear", "gemv_screened_linear"))
 
 
 @needs_kernel
@@ -286,7 +288,7 @@ def test_a_compiled_fp32_decoder_over_bf16_weights_decodes_as_eager_greedy(monke
     model = EaModel(target, head, settings=FIXED, compile=True)
     assert torch.equal(model.naivegenerate(ids, max_new_tokens=16), expected)
     assert torch.equal(model.eagenerate(ids, max_new_tokens=16), expected)
-    assert budget_key(model, [8], [2])["gemv"] == gemv.key(gemv.int8_drafts())
+    assert budget_key(model, [8], [2])["gemv"] == gemv.key(gemv.int8_drafts(), gemv.screens())
     monkeypatch.setenv("EAGLE_GEMV", "0")
     assert budget_key(model, [8], [2])["gemv"] == "off"
 
@@ -303,7 +305,7 @@ def test_int8_weights_multiply_as_their_codes_times_the_row_scales():
     torch.manual_seed(6)
     for rows, inputs, outputs in PAIRED_SHAPES:
         w, x = torch.randn(outputs, inputs), torch.randn(rows, inputs)
-        codes, scale = gemv.int8_pack(w)
+        codes, scale = int8_codes.int8_pack(w)
         assert codes.dtype == torch.int8 and codes.shape == (outputs // 2, inputs // 8, 2, 8)
         read = codes.permute(0, 2, 1, 3).reshape(outputs, inputs).double() * scale.double()[:, None]  # [O, I]
         assert ((read - w.double()).abs() <= scale.double()[:, None] / 2 + 1e-6).all()  # half a step a weight
@@ -312,9 +314,9 @@ def test_int8_weights_multiply_as_their_codes_times_the_row_scales():
         bound = (inputs + 2) * 2.0**-24 * F.linear(x.double().abs(), read.abs())
         assert y.shape == (rows, outputs) and ((y.double() - exact).abs() <= bound).all(), (rows, inputs, outputs)
     x, w = torch.randn(2, 9, 64), torch.randn(24, 64)  # 18 rows past the limit: the exact linear
-    assert torch.equal(torch.ops.eagle.gemv_int8_linear(x, *gemv.int8_pack(w), 16, w.t()), x @ w.t())
-    assert gemv.int8_pack(w[:3]) is None and gemv.int8_pack(w[:, :12]) is None
-    zero = gemv.int8_pack(torch.zeros(2, 8))  # a row of zeros: codes 0, scale 1
+    assert torch.equal(torch.ops.eagle.gemv_int8_linear(x, *int8_codes.int8_pack(w), 16, w.t()), x @ w.t())
+    assert int8_codes.int8_pack(w[:3]) is None and int8_codes.int8_pack(w[:, :12]) is None
+    zero = int8_codes.int8_pack(torch.zeros(2, 8))  # a row of zeros: codes 0, scale 1
     assert torch.equal(zero[1], torch.ones(2)) and not zero[0].any()
 
 
@@ -329,8 +331,8 @@ def test_the_draft_reads_int8_weights_and_the_output_stays_the_targets(monkeypat
     monkeypatch.setenv("EAGLE_GEMV", "auto")
     passes = []  # (int8, mms replaced) of each graph compiled
     rewrite = gemv.rewrite_linears
-    monkeypatch.setattr(gemv, "rewrite_linears", lambda graph, int8=False: passes.append(
-        (int8, rewrite(graph, int8=int8))) or passes[-1][1])
+    monkeypatch.setattr(gemv, "rewrite_linears", lambda graph, int8=False, screen=None: passes.append(
+        (int8, rewrite(graph, int8=int8, screen=screen))) or passes[-1][1])
     target = tiny_llama(seed=3, dtype=torch.bfloat16).float()
     head = random_eagle3_head(target).to(torch.bfloat16).float()
     ids = prompt(0, 12)
@@ -348,3 +350,75 @@ def test_the_draft_reads_int8_weights_and_the_output_stays_the_targets(monkeypat
         uuid = graph_cache.compile_options(head, draft=True)["post_grad_custom_post_pass"].uuid()
         assert uuid.endswith("-" + gemv.key(int8)) and ("-int8-" in uuid) == int8  # its own inductor cache entries
         assert "-int8-" not in graph_cache.compile_options(target)["post_grad_custom_post_pass"].uuid()
+
+
+def _screened(x: torch.Tensor, w16: torch.Tensor, packed: tuple, full: torch.Tensor, greedy: bool) -> torch.Tensor:
+    with gemv.screened_argmax(greedy):
+        return torch.ops.eagle.gemv_screened_linear(x, w16, *packed, 16, gemv.SCREEN_ROWS, full)
+
+
+@needs_int8_form
+def test_the_screen_keeps_each_rows_argmax_and_its_ties_exact(monkeypatch):
+    """In a greedy step of up to SCREEN_ROWS rows the screened lm_head gives each row's candidates (every token
+    that may be or tie the largest logit) the unscreened call's bits and the others -inf, so the argmax and its
+    ties are the unscreened ones; outside greedy steps, past SCREEN_ROWS rows and for a row that is not finite it
+    is the unscreened call."""
+    monkeypatch.setenv("EAGLE_GREEDY_SCREEN", "auto")
+    assert gemv.screens()
+    torch.manual_seed(8)
+    w = torch.randn(2048, 576).to(torch.bfloat16).float()
+    w[901] = w[40]  # an exact tie wherever token 40 wins
+    w16, packed, full = gemv.pack(w.to(torch.bfloat16)), int8_codes.screen_pack(w), w.t()
+    assert packed[0].shape == (1024, 36, 2, 16) and packed[2].shape == (2, 2048)
+    for rows in range(1, gemv.SCREEN_ROWS + 1):
+        x = torch.randn(rows, 576) * torch.linspace(0.1, 8, 576)  # a few large channels, as hidden states have
+        x[0] = w[40] * 3  # token 40 (and 901) win row 0
+        exact = torch.ops.eagle.gemv_linear(x, w16, 16, full)
+        y = _screened(x, w16, packed, full, greedy=True)
+        kept = torch.isfinite(y)
+        assert kept.sum(1).max() < 64 and torch.equal(y[kept], exact[kept])  # a handful, the same bits
+        best = exact.max(dim=1, keepdim=True).values
+        assert (kept >= (exact == best)).all()  # every tie of the largest kept
+        assert torch.equal(y.argmax(1), exact.argmax(1)) and y[0].argmax() == 40 and kept[0, 901]
+        assert torch.equal(_screened(x, w16, packed, full, greedy=False), exact)  # not greedy: unscreened
+    x = torch.randn(gemv.SCREEN_ROWS + 1, 576)
+    assert torch.equal(_screened(x, w16, packed, full, True), torch.ops.eagle.gemv_linear(x, w16, 16, full))
+    x[0, 3] = float("nan")
+    assert torch.equal(_screened(x[:1], w16, packed, full, True).isnan(),
+                       torch.ops.eagle.gemv_linear(x[:1], w16, 16, full).isnan())
+    monkeypatch.setenv("EAGLE_GREEDY_SCREEN", "0")  # off: never set
+    assert torch.equal(_screened(x[1:2], w16, packed, full, True), torch.ops.eagle.gemv_linear(x[1:2], w16, 16, full))
+
+
+@needs_int8_form
+def test_greedy_steps_screen_the_targets_lm_head_and_decode_as_eager_greedy(monkeypatch):
+    """Under the fp32 kind on an AVX2 CPU the target's graphs call the screened lm_head, the head's do not, and the
+    kernel screens only inside greedy steps: greedy EAGLE and plain decoding give HF's greedy tokens."""
+    from eagle.compiled import graph_cache
+
+    monkeypatch.setattr(gemv, "cpu_flags", lambda: set(gemv.AVX2_FLAGS))
+    monkeypatch.setenv("EAGLE_GEMV", "auto")
+    monkeypatch.setenv("EAGLE_GREEDY_SCREEN", "auto")
+    screened = []  # (graph's module, screened calls) of each graph compiled
+    rewrite = gemv.rewrite_linears
+    monkeypatch.setattr(gemv, "rewrite_linears", lambda graph, int8=False, screen=None: screened.append(
+        (screen is not None, rewrite(graph, int8=int8, screen=screen))) or screened[-1][1])
+    target = tiny_llama(seed=3, dtype=torch.bfloat16).float()
+    head = random_eagle3_head(target).to(torch.bfloat16).float()
+    ids = prompt(0, 12)
+    expected = hf_greedy(target, ids, 16)
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fx_graph_cache=False):
+        model = EaModel(target, head, settings=FIXED, compile=True)
+        assert torch.equal(model.eagenerate(ids, max_new_tokens=16), expected)
+        assert torch.equal(model.naivegenerate(ids, max_new_tokens=16), expected)
+    assert {flag for flag, _ in screened} == {True, False}  # the target's graphs, the head's
+    code = _compiled_code(lambda i: target(input_ids=i).logits, ids, options=graph_cache.compile_options(target))
+    assert code.count("gemv_screened_linear.default(") == 1 and _gemv_calls(code) == 9  # 2 layers x 4 (joined), lm_head
+    key = graph_cache.compile_options(target)["post_grad_custom_post_pass"].uuid()
+    assert key.endswith(gemv.key(False, screen=True)) and "-screen" in key
+    assert "-screen" not in graph_cache.compile_options(head, draft=True)["post_grad_custom_post_pass"].uuid()
+    ext = gemv.kernel()
+    with gemv.screened_argmax(True):
+        assert ext.set_screening(True)  # set within, and back to unset after
+    assert not ext.set_screening(False)

@@ -22,6 +22,10 @@ a time, up to eight input rows against them as the weights stream in) reads bf16
   (`int8_pack`, `eagle::gemv_int8_linear`), where the kernel runs its AVX2 form in the `f32` kind
   (`int8_drafts`, EAGLE_DRAFT_INT8). The draft only proposes tokens and the target's verify, whose weights stay
   exact, decides which are output: the output is unchanged, τ may move (docs/speed.md).
+- the screened lm_head: in the same places, the target's lm_head (`eagle::gemv_screened_linear`, `screen_pack`)
+  reads int8 codes first in a greedy step of up to SCREEN_ROWS rows (`screened_argmax`, EAGLE_GREEDY_SCREEN), where
+  only each row's argmax is used: bounds on the codes' error rule out all but a handful of tokens, which get their
+  exact logits (the bits of the unscreened call), the rest -inf. The argmax and its ties are exact.
 
 `EAGLE_GEMV=auto` (the default) takes the kind the CPU has: `bf16` with AVX512-BF16 and no AMX, `f32` with
 AVX512F/BW/VL, or AVX2/FMA, and no AVX512-BF16; `EAGLE_GEMV=1`: `bf16` wherever the CPU has AVX512-BF16 (AMX included);
@@ -43,6 +47,7 @@ machine's first use (~20 s, eagle/common/native_build.py).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import threading
@@ -53,6 +58,7 @@ import torch
 
 from eagle.common.env_choice import env_choice
 from eagle.common.native_build import cpu_flags, optional_extension
+from eagle.compiled.int8_codes import int8_pack, screen_pack
 from eagle.compiled.sibling_weights import sibling_runs
 
 log = logging.getLogger("eagle")
@@ -62,6 +68,7 @@ MAX_ROWS = {"bf16": 32, "f32": 16}  # rows up to which each kind runs (bf16: it 
 F32_FLAGS = {"avx512f", "avx512bw", "avx512vl"}  # the fp32 kind's 16-lane form: masked widening loads
 AVX2_FLAGS = {"avx2", "fma"}  # its 8-lane form, on CPUs without AVX512
 PACKED = (2, 2, 4)  # the 8-lane form's weights: for each 8 inputs, 2 halves x 2 output rows x 4 inputs (`pack`)
+SCREEN_ROWS = 4  # rows up to which a greedy step's lm_head screens (docs/speed.md: at 6 it was slower)
 CHOICES = ("auto", "1", "0")  # EAGLE_GEMV
 aten = torch.ops.aten
 _BUILDING = threading.Lock()
@@ -116,6 +123,7 @@ def _build():
         return None
     torch.library.register_fake("eagle::gemv_linear")(_fake)
     torch.library.register_fake("eagle::gemv_int8_linear")(_fake_int8)
+    torch.library.register_fake("eagle::gemv_screened_linear")(_fake_screened)
     return ext if ext.available() or ext.available_f32() else None
 
 
@@ -124,6 +132,11 @@ def _fake(x: torch.Tensor, w: torch.Tensor, max_rows: int, full: torch.Tensor | 
 
 
 def _fake_int8(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, max_rows: int, full: torch.Tensor) -> torch.Tensor:
+    return x.new_empty(*x.shape[:-1], scale.shape[0])
+
+
+def _fake_screened(x: torch.Tensor, w: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, slack: torch.Tensor,
+                   max_rows: int, screen_rows: int, full: torch.Tensor) -> torch.Tensor:
     return x.new_empty(*x.shape[:-1], scale.shape[0])
 
 
@@ -156,20 +169,36 @@ def int8_drafts() -> bool:
     arithmetic; "0": never). The draft only proposes tokens: the target's verify decides what is output, so
     approximate draft weights change τ, never the output."""
     choice = env_choice("EAGLE_DRAFT_INT8", "auto", ("auto", "0"))
-    return choice == "auto" and kind() == "f32" and active() and kernel().packed()
+    return choice == "auto" and _avx2_f32()
 
 
-def int8_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """w [O, I] fp32 as int8 codes in the AVX2 form's pairs [O/2, I/8, 2, 8] (pair p: for each 8 inputs in turn,
-    row 2p's 8 codes, then row 2p + 1's) and each row's scale [O] (its largest |w| / 127; a row of zeros takes 1),
-    the row read as scale * codes; None where O is odd or I not a multiple of 8."""
-    o, i = w.shape
-    if o % 2 or i % 8:
-        return None
-    peak = w.abs().amax(dim=1)  # [O]
-    scale = torch.where(peak > 0, peak / 127, torch.ones_like(peak))  # [O]
-    codes = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)  # [O, I]
-    return codes.reshape(o // 2, 2, i // 8, 8).permute(0, 2, 1, 3).contiguous(), scale.float().contiguous()
+def screens() -> bool:
+    """Whether greedy steps' target graphs screen their lm_head (`screen_pack`; EAGLE_GREEDY_SCREEN, "auto" by
+    default: where the kernel's AVX2 form runs the fp32 kind, as `int8_drafts`; "0": never)."""
+    choice = env_choice("EAGLE_GREEDY_SCREEN", "auto", ("auto", "0"))
+    return choice == "auto" and _avx2_f32()
+
+
+def _avx2_f32() -> bool:
+    """Whether the kernel runs its AVX2 form (CPUs without AVX512) in the fp32 kind (no bf16 arithmetic)."""
+    return kind() == "f32" and active() and kernel().packed()
+
+
+@contextlib.contextmanager
+def screened_argmax(on: bool):
+    """Within (where `on` and `screens()`): this thread's compiled target forwards are greedy steps, whose logits
+    feed an argmax and nothing else, so an lm_head of `screen_pack`'s codes may screen: each row's logits exact
+    for the tokens that may be or tie its largest, -inf for the others. Set around each such forward, never around
+    a generator's whole run, which may yield to a sampling step in the same thread."""
+    ext = kernel() if on and screens() else None
+    if ext is None:
+        yield
+        return
+    before = ext.set_screening(True)
+    try:
+        yield
+    finally:
+        ext.set_screening(before)
 
 
 def reads(w: torch.Tensor) -> bool:
@@ -182,7 +211,7 @@ def reads(w: torch.Tensor) -> bool:
     return w.dtype == torch.float32 and _kernel_copy(w.detach()) is not None
 
 
-def rewrite_linears(graph: torch.fx.Graph, int8: bool = False) -> int:
+def rewrite_linears(graph: torch.fx.Graph, int8: bool = False, screen: torch.Tensor | None = None) -> int:
     """Replace every `mm(x, w^T)` of a 2-D x [M, I] by the transpose of a contiguous weight w [O, I] (a graph
     input, or a frozen constant, whose transpose freezing folds into a view of it) by
     `eagle::gemv_linear(x, w16, MAX_ROWS)`, in place: of the `kind()` "bf16", bf16 x and w (w16 = w); of "f32",
@@ -191,7 +220,9 @@ def rewrite_linears(graph: torch.fx.Graph, int8: bool = False) -> int:
     Frozen weights of one x whose rows follow one another in one storage (siblings joined by
     eagle/compiled/sibling_weights.py) take one call over the span of them, each mm then a slice of its
     columns. int8 (the draft head's graphs, `int8_drafts`): in the "f32" kind each such weight is read as int8
-    codes and row scales instead (`eagle::gemv_int8_linear`, `int8_pack`), an approximation. How many mms were
+    codes and row scales instead (`eagle::gemv_int8_linear`, `int8_pack`), an approximation. `screen` (the
+    target's lm_head weight [O, I], where `screens()`): in the "f32" kind its mm becomes
+    `eagle::gemv_screened_linear`, which screens in greedy steps (`screened_argmax`). How many mms were
     replaced."""
     which = kind()
     dtype = torch.bfloat16 if which == "bf16" else torch.float32
@@ -205,7 +236,7 @@ def rewrite_linears(graph: torch.fx.Graph, int8: bool = False) -> int:
     for linears in by_input.values():
         for run in _runs(linears):
             count += _replace(graph, run, which, min((mm for mm, _, _ in run), key=order.__getitem__),
-                              int8 and which == "f32")
+                              int8 and which == "f32", screen if which == "f32" else None)
     graph.eliminate_dead_code()
     return count
 
@@ -248,12 +279,13 @@ def _frozen_matrix(mm: torch.fx.Node, weight: torch.fx.Node) -> torch.Tensor | N
     return w if weight is not mm.args[1] else w.t()
 
 
-def _replace(graph: torch.fx.Graph, run: list[tuple], which: str, before: torch.fx.Node, int8: bool = False) -> int:
+def _replace(graph: torch.fx.Graph, run: list[tuple], which: str, before: torch.fx.Node, int8: bool = False,
+             screen: torch.Tensor | None = None) -> int:
     """One call of our op for the run's mms (`_gemv_call`, inserted before `before`, the first of them in the
     graph), each mm's uses then taking its columns of the output; how many mms were replaced (0: fp32 weights whose
     values are not all bf16 values keep their mms, unless int8)."""
     with graph.inserting_before(before):
-        op = _gemv_call(graph, run, which, int8)
+        op = _gemv_call(graph, run, which, int8, screen)
     if op is None:
         return 0
     mm, x = run[0][0], _val(run[0][0].args[0])
@@ -273,9 +305,11 @@ def _replace(graph: torch.fx.Graph, run: list[tuple], which: str, before: torch.
     return len(run)
 
 
-def _gemv_call(graph: torch.fx.Graph, run: list[tuple], which: str, int8: bool) -> torch.fx.Node | None:
-    """The node of `eagle::gemv_linear` over the run's weights (one, or a span of joined ones), or with int8 of
-    `eagle::gemv_int8_linear` (`_int8_call`); None where the weights cannot be read so."""
+def _gemv_call(graph: torch.fx.Graph, run: list[tuple], which: str, int8: bool,
+               screen: torch.Tensor | None = None) -> torch.fx.Node | None:
+    """The node of `eagle::gemv_linear` over the run's weights (one, or a span of joined ones), with int8 of
+    `eagle::gemv_int8_linear` (`_int8_call`), for the `screen` weight of `eagle::gemv_screened_linear`; None where
+    the weights cannot be read so."""
     mm, weight, w = run[0]
     x = _val(mm.args[0])
     weight, w, full_t = _joined(graph, run, which) if len(run) > 1 else (weight, w, mm.args[1])
@@ -285,6 +319,8 @@ def _gemv_call(graph: torch.fx.Graph, run: list[tuple], which: str, int8: bool) 
         weight = _bf16_constant(graph, w, x) if w is not None else None
         if weight is None:
             return None
+        if screen is not None and len(run) == 1 and _same_tensor(w, screen):
+            return _screened_call(graph, weight, w, x, mm.args[0], full_t)
     elif weight is mm.args[1]:  # w^T itself: its transpose is w, a view
         weight = graph.call_function(aten.permute.default, (weight, [1, 0]))
         weight.meta["val"] = _val(mm.args[1]).t()
@@ -334,6 +370,25 @@ def _int8_call(graph: torch.fx.Graph, w: torch.Tensor | None, like: torch.Tensor
     return graph.call_function(torch.ops.eagle.gemv_int8_linear.default, (x, *nodes, MAX_ROWS["f32"], full_t))
 
 
+def _screened_call(graph: torch.fx.Graph, weight: torch.fx.Node, w: torch.Tensor, like: torch.Tensor,
+                   x: torch.fx.Node, full_t: torch.fx.Node) -> torch.fx.Node:
+    """`eagle::gemv_screened_linear(x, w16, codes, scales, slack, MAX_ROWS, SCREEN_ROWS, full_t)` over w16 (the
+    `weight` node of w's bf16 copy) and new frozen constants of `screen_pack(w)`; the plain GEMV where the packing
+    does not take w's shape."""
+    packed = screen_pack(w)
+    if packed is None:
+        return graph.call_function(torch.ops.eagle.gemv_linear.default, (x, weight, MAX_ROWS["f32"], full_t))
+    nodes = [_constant(graph, "_eagle_screen_", t, like) for t in packed]
+    return graph.call_function(torch.ops.eagle.gemv_screened_linear.default,
+                               (x, weight, *nodes, MAX_ROWS["f32"], SCREEN_ROWS, full_t))
+
+
+def _same_tensor(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b are the same elements of one storage (a frozen constant and the module's weight)."""
+    return (a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr() and a.storage_offset() == b.storage_offset()
+            and a.shape == b.shape and a.stride() == b.stride())
+
+
 def _constant(graph: torch.fx.Graph, prefix: str, t: torch.Tensor, like: torch.Tensor) -> torch.fx.Node:
     """A new frozen constant of the graph's module holding t, named prefix + a count; faked as `like` is."""
     module = graph.owning_module
@@ -367,14 +422,16 @@ def _val(node) -> torch.Tensor | None:
     return val if isinstance(val, torch.Tensor) else None
 
 
-def key(int8: bool = False) -> str:
+def key(int8: bool = False, screen: bool = False) -> str:
     """What a graph rewritten by the pass depends on beyond its own code: the kind, the rows the op takes, whether
-    it reads int8 weights, and this pass's and the kernel's sources (a changed pass must not be served its old
-    graphs from inductor's cache)."""
+    it reads int8 weights or screens its lm_head, and this pass's and the kernel's sources (a changed pass must not
+    be served its old graphs from inductor's cache)."""
     which = kind()
-    return f"gemv-{which}-{MAX_ROWS.get(which)}{'-int8' * int8}-{_sources_digest()}"
+    screened = f"-screen{SCREEN_ROWS}" if screen else ""
+    return f"gemv-{which}-{MAX_ROWS.get(which)}{'-int8' * int8}{screened}-{_sources_digest()}"
 
 
 @cache
 def _sources_digest() -> str:
-    return hashlib.sha256(Path(__file__).read_bytes() + SOURCE.read_bytes()).hexdigest()[:12]
+    codes = Path(__file__).with_name("int8_codes.py")
+    return hashlib.sha256(Path(__file__).read_bytes() + codes.read_bytes() + SOURCE.read_bytes()).hexdigest()[:12]

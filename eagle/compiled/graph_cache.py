@@ -129,7 +129,8 @@ def compile_options(*modules: nn.Module, draft: bool = False) -> dict:
     ones over bf16-valued weights on a CPU without bf16 arithmetic; over CPU weights, the target's attention takes
     our kernel (eagle/compiled/attention_kernel.py, EAGLE_ATTENTION), built here before the trace. A `draft`
     graph (the draft head's) reads its weights as int8 where `gemv.int8_drafts()`: the draft proposes, the
-    target's verify decides, so the output stays the target's.
+    target's verify decides, so the output stays the target's. Another graph's lm_head (`output_weight`) screens
+    in greedy steps where `gemv.screens()` (eagle/compiled/gemv.py `screened_argmax`).
 
     Without the template hook (`install_template_gemm`) graphs keep oneDNN prepacking, uncached.
 
@@ -146,13 +147,24 @@ def compile_options(*modules: nn.Module, draft: bool = False) -> dict:
     policy = matmuls_policy()
     if on_cpu(*modules):  # before the trace, which asks whether the kernel is there
         attention_kernel.ensure_built()
+    screen = None if draft or not gemv.screens() else output_weight(*modules)
     options = {"freezing": True, "cpp_wrapper": cpp_wrapper_wanted(*modules), "epilogue_fusion": False,
-               **weights_key(*modules, policy=policy, use_gemv=gemv.active(), int8=draft and gemv.int8_drafts())}
+               **weights_key(*modules, policy=policy, use_gemv=gemv.active(), int8=draft and gemv.int8_drafts(),
+                             screen=screen)}
     if policy != "aten":
         options.update(max_autotune=True, max_autotune_gemm_backends="CPP,ATEN")
     if install_template_gemm():
         options["cpp.weight_prepack"] = False
     return options
+
+
+def output_weight(*modules: nn.Module) -> torch.Tensor | None:
+    """The lm_head weight [V, H] of the first of `modules` that has one (HF's `get_output_embeddings`), or None."""
+    for module in modules:
+        head = module.get_output_embeddings() if hasattr(module, "get_output_embeddings") else None
+        if isinstance(getattr(head, "weight", None), torch.Tensor):
+            return head.weight
+    return None
 
 
 def matmuls_policy() -> str:
@@ -211,26 +223,29 @@ def _is_cpp_template(choice) -> bool:
 
 class _WeightsKey(CustomGraphPass):
     """Our graphs' post-grad pass: linear layers to our GEMV when `use_gemv` (eagle/compiled/gemv.py; over int8
-    weights when `int8`), nothing else. Its uuid (the weights' digest, the matmul policy, the GEMV's) joins the FX
-    graph cache key, and its presence marks a graph as ours to the template hook."""
+    weights when `int8`; `screen`: the lm_head weight to screen in greedy steps), nothing else. Its uuid (the
+    weights' digest, the matmul policy, the GEMV's) joins the FX graph cache key, and its presence marks a graph as
+    ours to the template hook."""
 
-    def __init__(self, digest: str, policy: str, use_gemv: bool = False, int8: bool = False):
-        self.digest, self.policy, self.use_gemv, self.int8 = digest, policy, use_gemv, int8
+    def __init__(self, digest: str, policy: str, use_gemv: bool = False, int8: bool = False,
+                 screen: torch.Tensor | None = None):
+        self.digest, self.policy, self.use_gemv, self.int8, self.screen = digest, policy, use_gemv, int8, screen
 
     def __call__(self, graph: torch.fx.Graph) -> None:
         if self.use_gemv:
-            gemv.rewrite_linears(graph, int8=self.int8)
+            gemv.rewrite_linears(graph, int8=self.int8, screen=self.screen)
 
     def uuid(self) -> str:
-        gemv_key = f"-{gemv.key(self.int8)}" if self.use_gemv else ""
+        gemv_key = f"-{gemv.key(self.int8, self.screen is not None)}" if self.use_gemv else ""
         return f"{self.digest}-{self.policy}-{attention_kernel.key()}{gemv_key}"
 
 
-def weights_key(*modules: nn.Module, policy: str = "template", use_gemv: bool = False, int8: bool = False) -> dict:
+def weights_key(*modules: nn.Module, policy: str = "template", use_gemv: bool = False, int8: bool = False,
+                screen: torch.Tensor | None = None) -> dict:
     """Inductor options that key the graphs compiled for `modules` by their weights (`weights_digest`)
     and by how their matmuls are chosen."""
     digest = "-".join(weights_digest(m) for m in modules)
-    return {"post_grad_custom_post_pass": _WeightsKey(digest, policy, use_gemv, int8)}
+    return {"post_grad_custom_post_pass": _WeightsKey(digest, policy, use_gemv, int8, screen)}
 
 
 def weights_digest(module: nn.Module) -> str:

@@ -73,9 +73,9 @@ def budget_key(model, sizes, depths) -> dict:
 
 
 def _gemv_key() -> str:
-    """The GEMV kernel's kind, source digest and whether the draft reads int8 weights where the graphs use it,
-    else "off"."""
-    return gemv.key(gemv.int8_drafts()) if gemv.active() else "off"
+    """The GEMV kernel's kind, source digest, whether the draft reads int8 weights and whether greedy steps screen
+    the lm_head, where the graphs use it, else "off"."""
+    return gemv.key(gemv.int8_drafts(), gemv.screens()) if gemv.active() else "off"
 
 
 def path_of(key: dict) -> Path:

@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import torch
 
+from eagle.compiled.gemv import screened_argmax
 from eagle.decoding.verify import greedy_ids
 
 SHORTLIST = 2  # the grid's best rows of each band of chain lengths, timed as real decoding steps
@@ -107,8 +108,12 @@ def _tree_step(model, settings) -> tuple[Callable, Callable]:
 
 
 def _plain_step(model) -> Callable:
-    """A plain decoding step (`naivegenerate`'s forward and greedy pick) from the last logits [V]."""
-    return lambda logits: model.plain(greedy_ids(logits[None]))
+    """A plain decoding step (`naivegenerate`'s greedy forward and pick) from the last logits [V]."""
+
+    def step(logits: torch.Tensor) -> torch.Tensor:
+        with screened_argmax(True):
+            return model.plain(greedy_ids(logits[None]))
+    return step
 
 
 def _row_key(r: dict) -> tuple[int, int, int]:

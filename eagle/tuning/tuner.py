@@ -76,6 +76,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from eagle.compiled.gemv import screened_argmax
 from eagle.decoding.prompt_lookup import lookup_chain, matched_length
 from eagle.decoding.tree_drafter import draft_width
 from eagle.decoding.verify import greedy_ids
@@ -390,7 +391,8 @@ def _depths(parents: torch.Tensor) -> torch.Tensor:
 def _verify_only(model, state, n: int) -> None:
     """One target forward over an n-token tree (a chain repeating the root), then drop its rows."""
     chain = build_tree(state.root.expand(n).contiguous(), torch.arange(-1, n - 1))
-    model.verify(state, chain)
+    with screened_argmax(True):  # as a greedy step's
+        model.verify(state, chain)
     model.discard(state)
 
 
@@ -410,7 +412,8 @@ def _plain_only(model, state) -> None:
     `tune_tree` prefilled the plain step with. Each call continues the last: the context grows by a
     row a round, which changes a step's cost by nothing measurable (a compiled target shares its
     static cache with the state, and no mask of the state's shows rows past its committed ones)."""
-    model.plain(state.root)
+    with screened_argmax(True):  # as a greedy step's
+        model.plain(state.root)
 
 
 def describe(budget: TreeBudget) -> str:

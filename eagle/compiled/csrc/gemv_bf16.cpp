@@ -30,7 +30,11 @@
 #endif
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
 
 namespace {
 
@@ -307,6 +311,140 @@ void run(const torch::Tensor& x, const torch::Tensor& w, const float* scale, tor
                  p * kRows, m == 0);
   });
 }
+
+// The screened lm_head of greedy steps (`gemv_screened_linear`): the argmax of x . w^T over the vocabulary, exactly,
+// reading each row of w as int8 codes first. A row v's codes q_v (w_v ~ s_v q_v, packed in pairs [O/2, I/16, 2, 16])
+// and the input row as 16-bit integers k (x ~ s_x k) give an approximate logit s_x s_v (k . q_v), an exact integer
+// sum (`_mm256_madd_epi16`: 16 products an instruction). Hoelder's inequality bounds its distance from x . w_v:
+//   |x . w_v - s_x s_v (k . q_v)| <= |x|_1 max|w_v - s_v q_v| + s_x max|x/s_x - k| s_v |q_v|_1
+//                                 <= |x|_1 slack[0][v] + s_x slack[1][v]   (+ 1e-6 of the approximation's size)
+// where slack[0] holds half a code's step and the fp32 rounding of the exact sum, and slack[1] half a step of k
+// times s_v |q_v|_1 (eagle/compiled/gemv.py `screen_pack`). A token whose upper end is below the largest lower
+// end of its row cannot be the argmax (nor tie it); the others, a handful, take their exact logits from the bf16
+// pair through `pass` (the same bits as the unscreened call), and the rest -inf.
+constexpr int64_t kScreenInputs = 16;  // inputs a code chunk holds per row
+
+inline int32_t sum8i(__m256i v) {  // exact: the caller keeps the sums below 2^31
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
+// Input rows k[0..G-1] (their scales sx, their |x|_1 l1) against the code pair at `pair` (outputs o, o + 1): each
+// output's upper end into y, each row's largest lower end into low.
+template <int G>
+void screen_pass(const int16_t* k, const int8_t* pair, const float* scale, const float* slack, const float* sx,
+                 const float* l1, float* y, float* low, int64_t I, int64_t O, int64_t o) {
+  __m256i acc[G][kRows];
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < kRows; ++r) acc[g][r] = _mm256_setzero_si256();
+  for (int64_t i = 0; i < I; i += kScreenInputs) {
+    const int8_t* chunk = pair + i * kRows;  // row o's 16 codes, then row o + 1's
+    _mm_prefetch(reinterpret_cast<const char*>(chunk) + kAheadBytes, _MM_HINT_T0);
+    const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk));
+    const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(codes));
+    const __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(codes, 1));
+    for (int g = 0; g < G; ++g) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + g * I + i));
+      acc[g][0] = _mm256_add_epi32(acc[g][0], _mm256_madd_epi16(xv, w0));
+      acc[g][1] = _mm256_add_epi32(acc[g][1], _mm256_madd_epi16(xv, w1));
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t v = o + r;
+      const float approx = sx[g] * scale[v] * static_cast<float>(sum8i(acc[g][r]));
+      const float bound = l1[g] * slack[v] + sx[g] * slack[O + v] + 1e-6f * std::abs(approx);
+      y[g * O + v] = approx + bound;
+      low[g] = std::max(low[g], approx - bound);
+    }
+}
+
+void screen_group(int g, const int16_t* k, const int8_t* pair, const float* scale, const float* slack,
+                  const float* sx, const float* l1, float* y, float* low, int64_t I, int64_t O, int64_t o) {
+  switch (g) {
+    case 1: screen_pass<1>(k, pair, scale, slack, sx, l1, y, low, I, O, o); break;
+    case 2: screen_pass<2>(k, pair, scale, slack, sx, l1, y, low, I, O, o); break;
+    case 3: screen_pass<3>(k, pair, scale, slack, sx, l1, y, low, I, O, o); break;
+    default: screen_pass<4>(k, pair, scale, slack, sx, l1, y, low, I, O, o); break;
+  }
+}
+
+// Whether v is finite, by its bits: -ffast-math lets the compiler assume std::isfinite.
+inline bool finite(double v) {
+  uint64_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  return (bits >> 52 & 0x7FF) != 0x7FF;
+}
+
+// The input rows x [M, I] as 16-bit integers k [M, I] with their scales sx [M] and |x|_1 (rounded up) l1 [M]:
+// |k| <= kmax, where 127 kmax I < 2^31 keeps every integer sum exact. False where a row is not finite.
+bool integer_rows(const float* x, int64_t M, int64_t I, int16_t* k, float* sx, float* l1) {
+  const float kmax = static_cast<float>(std::min<int64_t>(16383, INT32_MAX / (127 * I)));
+  for (int64_t m = 0; m < M; ++m) {
+    const float* row = x + m * I;
+    double sum = 0;
+    float peak = 0;
+    for (int64_t i = 0; i < I; ++i) sum += std::abs(row[i]), peak = std::max(peak, std::abs(row[i]));
+    if (!finite(sum)) return false;
+    l1[m] = static_cast<float>(sum * (1 + 1e-6));
+    sx[m] = peak > 0 ? peak / kmax : 1.0f;
+    for (int64_t i = 0; i < I; ++i)
+      k[m * I + i] = static_cast<int16_t>(std::clamp(std::nearbyint(row[i] / sx[m]), -kmax, kmax));
+  }
+  return true;
+}
+
+// Each row's candidates (upper end >= the row's largest lower end, `lows` [threads, M]) scored exactly from the
+// bf16 pairs w, the other outputs -inf: y [M, O] holds the upper ends on entry, the logits on return.
+void keep_candidates(const float* x, const uint16_t* w, float* y, const std::vector<float>& lows, int threads,
+                     int64_t M, int64_t I, int64_t O) {
+  constexpr float kNone = -std::numeric_limits<float>::infinity();
+  for (int64_t m = 0; m < M; ++m) {
+    float floor = kNone;
+    for (int t = 0; t < threads; ++t) floor = std::max(floor, lows[t * M + m]);
+    float* row = y + m * O;
+    for (int64_t v = 0; v < O; v += kRows) {
+      const bool keep0 = row[v] >= floor, keep1 = row[v + 1] >= floor;
+      if (keep0 || keep1) {
+        float exact[kRows];
+        pass<Bf16Pair, 1>(x + m * I, w + v * I, nullptr, exact, I, kRows, 0, false);
+        row[v] = keep0 ? exact[0] : kNone;
+        row[v + 1] = keep1 ? exact[1] : kNone;
+      } else {
+        row[v] = row[v + 1] = kNone;
+      }
+    }
+  }
+}
+
+// The screen over x [M, I] fp32: codes q [O/2, I/16, 2, 16] int8, scale [O], slack [2, O], bf16 pairs w; y [M, O].
+// False (y untouched) where a row of x is not finite.
+bool screen(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& q, const torch::Tensor& scale,
+            const torch::Tensor& slack, torch::Tensor& y) {
+  const int64_t M = x.size(0), I = x.size(1), pairs = q.size(0), O = pairs * kRows;
+  std::vector<int16_t> k(M * I);
+  std::vector<float> sx(M), l1(M);
+  if (!integer_rows(x.data_ptr<float>(), M, I, k.data(), sx.data(), l1.data())) return false;
+  const int8_t* qp = q.data_ptr<int8_t>();
+  const float *sp = scale.data_ptr<float>(), *slp = slack.data_ptr<float>();
+  float* yp = y.data_ptr<float>();
+  const int threads = at::get_num_threads();
+  constexpr float kNone = -std::numeric_limits<float>::infinity();
+  std::vector<float> lows(static_cast<size_t>(threads) * M, kNone);  // [threads, M]: each thread's own row
+  at::parallel_for(0, pairs, kTaskPairs, [&](int64_t p0, int64_t p1) {
+    std::vector<float> low(M, kNone);  // the task's, so that threads do not write one cache line at every pair
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t m = 0; m < M; m += 4)
+        screen_group(static_cast<int>(std::min<int64_t>(4, M - m)), k.data() + m * I, qp + p * kRows * I, sp, slp,
+                     sx.data() + m, l1.data() + m, yp + m * O, low.data() + m, I, O, p * kRows);
+    float* mine = lows.data() + at::get_thread_num() * M;
+    for (int64_t m = 0; m < M; ++m) mine[m] = std::max(mine[m], low[m]);
+  });
+  keep_candidates(x.data_ptr<float>(), reinterpret_cast<const uint16_t*>(w.data_ptr()), yp, lows, threads, M, I, O);
+  return true;
+}
 }  // namespace avx2_gemv
 #endif
 
@@ -413,18 +551,67 @@ at::Tensor gemv_int8_linear(const at::Tensor& x, const at::Tensor& q, const at::
   return y.view(shape);
 }
 
+namespace {
+thread_local bool screening = false;  // this thread's forwards are greedy steps: `set_screening`
+}
+
+// Whether the calling thread's lm_head calls screen (`gemv_screened_linear`): set around a greedy step's forward
+// (eagle/compiled/gemv.py `screened_argmax`), so a sampling step in the same thread never sees it. Returns the
+// setting before.
+bool set_screening(bool on) {
+  const bool before = screening;
+  screening = on;
+  return before;
+}
+
+// Whether q, scale and slack are w's screening codes (`screen_pack`): q [O/2, I/16, 2, 16] int8, scale [O] and
+// slack [2, O] fp32, all contiguous, in this build's packed layout.
+bool screen_readable(const at::Tensor& w, const at::Tensor& q, const at::Tensor& scale, const at::Tensor& slack) {
+  const int64_t O = out_features(w), I = in_features(w);
+  return packed() && q.dim() == 4 && q.size(0) * 2 == O && q.size(1) * 16 == I && q.size(2) == 2 &&
+         q.size(3) == 16 && q.scalar_type() == at::kChar && q.is_contiguous() && scale.dim() == 1 &&
+         scale.size(0) == O && scale.scalar_type() == at::kFloat && scale.is_contiguous() && slack.dim() == 2 &&
+         slack.size(0) == 2 && slack.size(1) == O && slack.scalar_type() == at::kFloat && slack.is_contiguous() &&
+         127 * I < INT32_MAX;
+}
+
+// The target's lm_head (eagle/compiled/gemv.py `screen_pack`): `gemv_linear(x, w, max_rows, full)`, except in a
+// greedy step (`set_screening`) of up to `screen_rows` fp32 rows, where only each row's argmax matters: there the
+// candidates for it (a handful of the O outputs, every token that may be or tie the largest logit) get their exact
+// logits, the same bits as `gemv_linear`'s, and the others -inf, read from q's int8 codes instead of w's bf16
+// values (avx2_gemv::screen).
+at::Tensor gemv_screened_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& q, const at::Tensor& scale,
+                                const at::Tensor& slack, int64_t max_rows, int64_t screen_rows, const at::Tensor& full) {
+  const int64_t I = x.size(-1);
+  const int64_t M = I ? x.numel() / I : 0;
+  if (!screening || x.scalar_type() != at::kFloat || M == 0 || M > screen_rows || !readable(w) ||
+      in_features(w) != I || !screen_readable(w, q, scale, slack))
+    return gemv_linear(x, w, max_rows, full);
+#ifdef EAGLE_GEMV_AVX2
+  auto shape = x.sizes().vec();
+  shape.back() = out_features(w);
+  auto y = torch::empty({M, out_features(w)}, x.options());
+  if (avx2_gemv::screen(x.reshape({M, I}).contiguous(), w, q, scale, slack, y)) return y.view(shape);
+#endif
+  return gemv_linear(x, w, max_rows, full);  // a row not finite
+}
+
 TORCH_LIBRARY_FRAGMENT(eagle, m) {
   m.def("gemv_linear(Tensor x, Tensor w, int max_rows, Tensor? full=None) -> Tensor");
   m.def("gemv_int8_linear(Tensor x, Tensor q, Tensor scale, int max_rows, Tensor full) -> Tensor");
+  m.def("gemv_screened_linear(Tensor x, Tensor w, Tensor q, Tensor scale, Tensor slack, int max_rows, int screen_rows, "
+        "Tensor full) -> Tensor");
 }
 TORCH_LIBRARY_IMPL(eagle, CPU, m) {
   m.impl("gemv_linear", &gemv_linear);
   m.impl("gemv_int8_linear", &gemv_int8_linear);
+  m.impl("gemv_screened_linear", &gemv_screened_linear);
 }
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("gemv", &gemv, "y [M, O] = x [M, I] w [O, I]^T, bf16 w (in the build's layout), bf16 or fp32 x");
   m.def("available", &available, "built with AVX512-BF16 (bf16 x)");
   m.def("available_f32", &available_f32, "built with AVX512F/BW/VL or AVX2/FMA (fp32 x)");
+  m.def("set_screening", &set_screening, "this thread's lm_head calls screen (greedy steps); returns the setting before");
   m.def("packed", &packed, "reads weights packed [O/2, I/8, 2, 2, 4] (the AVX2 form), not [O, I]");
 }
