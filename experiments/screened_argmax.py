@@ -21,7 +21,7 @@ too (to 16, 12, 8 or 7 bits, the channels of largest mean |x| kept in fp32 or no
 decoding is deterministic, so these figures do not depend on the machine's load.
 
 `--time` (AVX2 CPUs without bf16 arithmetic; a quiet machine) also checks that the decoder's screened lm_head
-(eagle/compiled/gemv.py `screen_pack`, `eagle::gemv_screened_linear`: int8 rows, the rows x as 16-bit integers for
+(eagle/compiled/int8_codes.py `screen_pack`, `eagle::gemv_screened_linear`: int8 rows, the rows x as 16-bit integers for
 integer products) picks the exact argmax at every recorded position, and times it against the same op unscreened
 (the fp32 kind's GEMV over bf16 rows), median ms of `--rounds` calls at 1, 2, 4 and 8 rows: hot (the weights in the
 caches, as the prototype was timed) and cold (64 MB written between calls, as a forward's other weights evict them).

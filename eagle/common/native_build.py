@@ -49,10 +49,12 @@ def cpu_key() -> str:
     return hashlib.sha256("\n".join(wanted).encode()).hexdigest()[:10]
 
 
-def cpu_flags() -> set[str]:
-    """The first CPU's instruction-set flags (`avx512_bf16`, `amx_bf16`, ...); empty where /proc/cpuinfo is not."""
+@cache
+def cpu_flags() -> frozenset[str]:
+    """The first CPU's instruction-set flags (`avx512_bf16`, `amx_bf16`, ...); empty where /proc/cpuinfo is not.
+    Parsed once: the decoder asks at every greedy step (eagle/compiled/gemv.py `screened_argmax`)."""
     line = next((line for line in _cpuinfo() if line.startswith("flags")), "")
-    return set(line.partition(":")[2].split())
+    return frozenset(line.partition(":")[2].split())
 
 
 @cache

@@ -319,7 +319,7 @@ void run(const torch::Tensor& x, const torch::Tensor& w, const float* scale, tor
 //   |x . w_v - s_x s_v (k . q_v)| <= |x|_1 max|w_v - s_v q_v| + s_x max|x/s_x - k| s_v |q_v|_1
 //                                 <= |x|_1 slack[0][v] + s_x slack[1][v]   (+ 1e-6 of the approximation's size)
 // where slack[0] holds half a code's step and the fp32 rounding of the exact sum, and slack[1] half a step of k
-// times s_v |q_v|_1 (eagle/compiled/gemv.py `screen_pack`). A token whose upper end is below the largest lower
+// times s_v |q_v|_1 (eagle/compiled/int8_codes.py `screen_pack`). A token whose upper end is below the largest lower
 // end of its row cannot be the argmax (nor tie it); the others, a handful, take their exact logits from the bf16
 // pair through `pass` (the same bits as the unscreened call), and the rest -inf.
 constexpr int64_t kScreenInputs = 16;  // inputs a code chunk holds per row
@@ -575,7 +575,7 @@ bool screen_readable(const at::Tensor& w, const at::Tensor& q, const at::Tensor&
          127 * I < INT32_MAX;
 }
 
-// The target's lm_head (eagle/compiled/gemv.py `screen_pack`): `gemv_linear(x, w, max_rows, full)`, except in a
+// The target's lm_head (eagle/compiled/int8_codes.py `screen_pack`): `gemv_linear(x, w, max_rows, full)`, except in a
 // greedy step (`set_screening`) of up to `screen_rows` fp32 rows, where only each row's argmax matters: there the
 // candidates for it (a handful of the O outputs, every token that may be or tie the largest logit) get their exact
 // logits, the same bits as `gemv_linear`'s, and the others -inf, read from q's int8 codes instead of w's bf16
