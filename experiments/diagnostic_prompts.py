@@ -1,6 +1,7 @@
 """What the prompt-set diagnostics (experiments.acceptance_by_copy, experiments.target_confidence)
 share: MT-bench's and held-out ShareGPT's first turns, the target, and their options
-(docs/findings.md, "Where MT-bench loses τ")."""
+(docs/findings.md, "Where MT-bench loses τ"); and what the paired A/B runs of one process
+(experiments.draft_int8, experiments.greedy_screen) share: their options and prompts."""
 
 from __future__ import annotations
 
@@ -38,3 +39,20 @@ def setup(args: argparse.Namespace):
 def first_turn_ids(tok, question: Question) -> torch.Tensor:
     """The chat-templated first turn, ready for the assistant's reply. [1, P]"""
     return chat_prompt(tok, [{"role": "user", "content": question.turns[0]}])
+
+
+def ab_parser(doc: str, prog: str) -> argparse.ArgumentParser:
+    """The options of a paired A/B in one process; the first line of `doc` is the description."""
+    ap = argparse.ArgumentParser(prog=prog, description=doc.splitlines()[0])
+    ap.add_argument("--base", default="smollm2-135m-instruct")
+    ap.add_argument("--head", default="checkpoints/eagle3-smollm2-135m-instruct")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--prompts", type=int, default=8, help="MT-bench first turns, one in ten")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=128)
+    return ap
+
+
+def mtbench_sample(tok, count: int) -> list[torch.Tensor]:
+    """`count` MT-bench first turns, one in ten, chat-templated ([1, P] each)."""
+    return [first_turn_ids(tok, q) for q in load_questions("mtbench")[::10][:count]]

@@ -15,17 +15,16 @@ proposes, the target decides).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 
 import torch
 
-from data_prep.prompt_sets import load_questions
 from eagle.compiled import gemv
 from eagle.model import EaModel
 from eagle.targets.tokenizer import chat_prompt
+from experiments.diagnostic_prompts import ab_parser, mtbench_sample
 
 SIDES = ("0", "auto")  # EAGLE_DRAFT_INT8: exact, then int8 where the CPU takes it
 
@@ -42,24 +41,16 @@ def load(choice: str, args) -> EaModel:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m experiments.draft_int8", description=__doc__.splitlines()[0])
-    p.add_argument("--base", default="smollm2-135m-instruct")
-    p.add_argument("--head", default="checkpoints/eagle3-smollm2-135m-instruct")
-    p.add_argument("--threads", type=int, default=2)
+    p = ab_parser(__doc__, "python -m experiments.draft_int8")
     p.add_argument("--total-token", type=int, default=4)
     p.add_argument("--depth", type=int, default=2)
-    p.add_argument("--prompts", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--max-new-tokens", type=int, default=128)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     os.environ["EAGLE_DRAFT_INT8"] = "auto"
     if not gemv.int8_drafts():
         raise SystemExit("this CPU's draft heads read exact weights (gemv.int8_drafts() is False): nothing to compare")
     models = {choice: load(choice, args) for choice in SIDES}
-    tokenizer = models[SIDES[0]].tokenizer
-    prompts = [chat_prompt(tokenizer, [{"role": "user", "content": q.turns[0]}])
-               for q in load_questions("mtbench")[::10][:args.prompts]]
+    prompts = mtbench_sample(models[SIDES[0]].tokenizer, args.prompts)
     ms = {c: [] for c in SIDES}
     tau = {c: [] for c in SIDES}
     outputs = {c: [] for c in SIDES}

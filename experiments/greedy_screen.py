@@ -15,17 +15,15 @@ per configuration, each side's median ms a step after the prefill, the median of
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 
 import torch
 
-from data_prep.prompt_sets import load_questions
 from eagle.compiled import gemv
 from eagle.model import EaModel
-from eagle.targets.tokenizer import chat_prompt
+from experiments.diagnostic_prompts import ab_parser, mtbench_sample
 from experiments.tree_ab import PLAIN, decode, settings_of
 
 SIDES = ("0", "auto")  # EAGLE_GREEDY_SCREEN: exact, then screened
@@ -39,14 +37,8 @@ def run(model: EaModel, config: str, side: str, ids: torch.Tensor, max_new_token
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m experiments.greedy_screen", description=__doc__.splitlines()[0])
-    p.add_argument("--base", default="smollm2-135m-instruct")
-    p.add_argument("--head", default="checkpoints/eagle3-smollm2-135m-instruct")
-    p.add_argument("--threads", type=int, default=2)
+    p = ab_parser(__doc__, "python -m experiments.greedy_screen")
     p.add_argument("--configs", default="plain,2/1,4/2")
-    p.add_argument("--prompts", type=int, default=8)
-    p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--max-new-tokens", type=int, default=128)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     os.environ["EAGLE_GREEDY_SCREEN"] = "auto"
@@ -54,8 +46,7 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("this CPU's greedy steps read the exact lm_head (gemv.screens() is False): nothing to compare")
     model = EaModel.from_pretrained(args.base, args.head, torch_dtype=torch.float32, background=False, quiet=True,
                                     total_token=4, depth=2, lookup=0)
-    prompts = [chat_prompt(model.tokenizer, [{"role": "user", "content": q.turns[0]}])
-               for q in load_questions("mtbench")[::10][:args.prompts]]
+    prompts = mtbench_sample(model.tokenizer, args.prompts)
     configs = args.configs.split(",")
     for config in configs:  # compiles every shape
         run(model, config, "auto", prompts[0], 32)
