@@ -60,7 +60,7 @@ def sibling_weights(config) -> list[torch.Tensor]:
 def step_ms(weights: list[torch.Tensor], rows: int, linear, rounds: int, dtype: torch.dtype) -> float:
     """Milliseconds for `rows` rows of `dtype` through every weight with `linear(x, w)` (w [O, I], or packed)."""
     def width(w) -> int:  # I of a weight in any of the kernel's layouts, or of int8 codes and scales
-        return w[0].shape[1] * 8 if isinstance(w, tuple) else gemv.in_features(w)
+        return w[0].shape[1] * int8_codes.CODE_INPUTS if isinstance(w, tuple) else gemv.in_features(w)
 
     inputs = {i: torch.randn(rows, i, dtype=dtype) for i in {width(w) for w in weights}}
 
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     assert size == sum(w.numel() * w.element_size() for w in siblings)
     read = {"torch": sum(w.numel() * w.element_size() for w in dense), "gemv": size, "gemv_siblings": size}
     int8 = [int8_codes.int8_pack(w) for w in dense] if dtype == torch.float32 and gemv.kernel().packed() else []
-    if int8 and all(w is not None for w in int8):  # every layer's shape packs (even outputs, inputs of 8s)
+    if int8 and all(w is not None for w in int8):  # every layer's shape packs (even outputs, inputs of 16s)
         read["gemv_int8"] = sum(q.numel() + s.numel() * 4 for q, s in int8)
     bandwidth = read_bandwidth(args.rounds)
     out = []

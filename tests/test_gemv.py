@@ -24,6 +24,7 @@ SHAPES = ((1, 64, 16), (2, 96, 37), (3, 40, 5), (4, 128, 130), (5, 576, 33), (7,
           (16, 96, 19))
 PAIRED_SHAPES = ((1, 8, 2), (2, 64, 18), (3, 40, 6), (5, 576, 34), (6, 96, 20), (7, 576, 36), (9, 200, 10),
                  (13, 16, 70), (16, 96, 22))  # what the AVX2 form packs: even outputs, inputs a multiple of 8
+INT8_SHAPES = tuple(s for s in PAIRED_SHAPES if s[1] % 16 == 0) + ((1, 16, 2), (3, 48, 6), (9, 1728, 10))  # 16s
 
 
 def _bf16(*shape: int) -> torch.Tensor:
@@ -299,24 +300,31 @@ needs_int8_form = pytest.mark.skipif(not gemv.AVX2_FLAGS <= cpu_flags() or gemv.
 
 @needs_int8_form
 def test_int8_weights_multiply_as_their_codes_times_the_row_scales():
-    """`int8_pack`'s codes in pairs of rows and one scale a row; the op multiplies x by scale * codes (fp32 sums in
-    another order only), any row count up to the limit, and past it takes the graph's exact fp32 w^T."""
+    """`int8_pack`'s codes in pairs of rows and one scale a row; the op multiplies the input rows, rounded to 16-bit
+    integers k (x ~ s_x k, s_x its largest |x| / kmax), by scale * codes, the integer sums exact; any row count up
+    to the limit, and past it, or for a row not finite, the graph's exact fp32 w^T."""
     assert gemv.kernel() is not None and gemv.kernel().packed()
     torch.manual_seed(6)
-    for rows, inputs, outputs in PAIRED_SHAPES:
+    for rows, inputs, outputs in INT8_SHAPES:
         w, x = torch.randn(outputs, inputs), torch.randn(rows, inputs)
         codes, scale = int8_codes.int8_pack(w)
-        assert codes.dtype == torch.int8 and codes.shape == (outputs // 2, inputs // 8, 2, 8)
-        read = codes.permute(0, 2, 1, 3).reshape(outputs, inputs).double() * scale.double()[:, None]  # [O, I]
+        assert codes.dtype == torch.int8 and codes.shape == (outputs // 2, inputs // 16, 2, 16)
+        q = codes.permute(0, 2, 1, 3).reshape(outputs, inputs).double()  # [O, I]
+        read = q * scale.double()[:, None]
         assert ((read - w.double()).abs() <= scale.double()[:, None] / 2 + 1e-6).all()  # half a step a weight
         y = torch.ops.eagle.gemv_int8_linear(x, codes, scale, 16, w.t())
-        exact = F.linear(x.double(), read)
-        bound = (inputs + 2) * 2.0**-24 * F.linear(x.double().abs(), read.abs())
+        kmax = min(16383, (2**31 - 1) // (127 * inputs))  # 127 kmax I < 2^31: the integer sums are exact
+        sx = x.double().abs().amax(dim=1, keepdim=True) / kmax  # [M, 1]: the input rows' integer steps
+        exact = F.linear(x.double(), read)  # each input within half a step of s_x k (0.51: the division's rounding)
+        bound = 0.51 * sx * F.linear(torch.ones_like(exact[:, :1]).expand(-1, inputs), read.abs()) + 1e-5 * exact.abs()
         assert y.shape == (rows, outputs) and ((y.double() - exact).abs() <= bound).all(), (rows, inputs, outputs)
     x, w = torch.randn(2, 9, 64), torch.randn(24, 64)  # 18 rows past the limit: the exact linear
     assert torch.equal(torch.ops.eagle.gemv_int8_linear(x, *int8_codes.int8_pack(w), 16, w.t()), x @ w.t())
-    assert int8_codes.int8_pack(w[:3]) is None and int8_codes.int8_pack(w[:, :12]) is None
-    zero = int8_codes.int8_pack(torch.zeros(2, 8))  # a row of zeros: codes 0, scale 1
+    x[0, 0, 3] = float("nan")
+    y = torch.ops.eagle.gemv_int8_linear(x[0], *int8_codes.int8_pack(w), 16, w.t())
+    assert torch.equal(y.nan_to_num(), (x[0] @ w.t()).nan_to_num())  # a row not finite: the exact linear
+    assert int8_codes.int8_pack(w[:3]) is None and int8_codes.int8_pack(w[:, :24]) is None
+    zero = int8_codes.int8_pack(torch.zeros(2, 16))  # a row of zeros: codes 0, scale 1
     assert torch.equal(zero[1], torch.ones(2)) and not zero[0].any()
 
 

@@ -18,8 +18,9 @@ a time, up to eight input rows against them as the weights stream in) reads bf16
   bytes. On a 2-core AVX512F Xeon (12.6 GB/s) the compiled fp32 forward of 1 / 4 / 16 rows took 37.6 / 47.0 / 117.2
   ms against the template's 52.2 / 72.3 / 139.9; on a 2-core Zen 3 (AVX2) 1 / 4 / 8 rows 13.1 / 16.2 / 25.1 ms
   against 21.9 / 28.0 / 38.1 (docs/speed.md).
-- `int8` drafts: the draft head's graphs (and only theirs) read each weight as int8 codes with one fp32 scale a row
-  (`int8_pack`, `eagle::gemv_int8_linear`), where the kernel runs its AVX2 form in the `f32` kind
+- `int8` drafts: the draft head's graphs (and only theirs) read each weight as int8 codes with one fp32 scale a row,
+  multiplied by the input rows rounded to 16-bit integers (`int8_pack`, `eagle::gemv_int8_linear`: exact integer
+  sums, 16 products an instruction), where the kernel runs its AVX2 form in the `f32` kind
   (`int8_drafts`, EAGLE_DRAFT_INT8). The draft only proposes tokens and the target's verify, whose weights stay
   exact, decides which are output: the output is unchanged, τ may move (docs/speed.md).
 - the screened lm_head: in the same places, the target's lm_head (`eagle::gemv_screened_linear`, `screen_pack`)

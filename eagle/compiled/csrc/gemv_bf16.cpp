@@ -15,7 +15,8 @@
 // to the stream's (on an AVX512F Xeon an 8-row call of the target's weights took 0.8x as long as two passes of 4).
 // Inputs need not fill the last register: it is loaded masked. Each output is its row's own sum, whatever rows run
 // beside it. The AVX2 form (avx2_gemv below) reads the weights packed in pairs of output rows, each pair one run of
-// bytes, as bf16 or (the draft head's approximate weights: `gemv_int8_linear`) as int8 codes with a scale a row.
+// bytes, as bf16 or (the draft head's approximate weights: `gemv_int8_linear`) as int8 codes with a scale a row,
+// read against the input rows rounded to 16-bit integers.
 
 #include <torch/extension.h>
 
@@ -241,36 +242,18 @@ inline float sum8(__m256 v) {  // the 8 lanes' sum, by one fixed tree
   return _mm_cvtss_f32(s);
 }
 
-// The two weight formats of a pair, per 8 inputs: `Bf16Pair` 32 bytes ([2 halves][2 rows][4 inputs] bf16, exact),
-// `Int8Pair` 16 bytes ([2 rows][8 inputs] int8 codes q, a row's weights s_o q: the draft head's approximate form,
-// `gemv_int8_linear`), each widened to the two rows' 8 fp32 weights.
-struct Bf16Pair {
-  using W = uint16_t;
-  static void widen(const uint16_t* chunk, __m256& row0, __m256& row1) { widen_pair(chunk, row0, row1); }
-};
-
-struct Int8Pair {
-  using W = int8_t;
-  static void widen(const int8_t* chunk, __m256& row0, __m256& row1) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk));
-    row0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
-    row1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v, v)));
-  }
-};
-
-// Input rows x[0..G-1] times the pair of rows at `pair` (outputs o, o + 1), each sum times its row's scale where
-// `scale` is given; `fetch`: prefetch 2 KB ahead (first group).
-template <typename P, int G>
-void pass(const float* x, const typename P::W* pair, const float* scale, float* y, int64_t I, int64_t O, int64_t o,
-          bool fetch) {
+// Input rows x[0..G-1] times the bf16 pair of rows at `pair` (outputs o, o + 1); `fetch`: prefetch 2 KB ahead
+// (first group).
+template <int G>
+void pass(const float* x, const uint16_t* pair, float* y, int64_t I, int64_t O, int64_t o, bool fetch) {
   __m256 acc[G][kRows];
   for (int g = 0; g < G; ++g)
     for (int r = 0; r < kRows; ++r) acc[g][r] = _mm256_setzero_ps();
   for (int64_t k = 0; k < I; k += 8) {
-    const typename P::W* chunk = pair + k * kRows;  // both rows' weights of inputs k..k+7
+    const uint16_t* chunk = pair + k * kRows;  // both rows' weights of inputs k..k+7
     if (fetch) _mm_prefetch(reinterpret_cast<const char*>(chunk) + kAheadBytes, _MM_HINT_T0);
     __m256 w0, w1;
-    P::widen(chunk, w0, w1);
+    widen_pair(chunk, w0, w1);
     for (int g = 0; g < G; ++g) {
       const __m256 xv = _mm256_loadu_ps(x + g * I + k);
       acc[g][0] = _mm256_fmadd_ps(xv, w0, acc[g][0]);
@@ -278,51 +261,47 @@ void pass(const float* x, const typename P::W* pair, const float* scale, float* 
     }
   }
   for (int g = 0; g < G; ++g)
-    for (int r = 0; r < kRows; ++r) y[g * O + o + r] = scale ? scale[o + r] * sum8(acc[g][r]) : sum8(acc[g][r]);
+    for (int r = 0; r < kRows; ++r) y[g * O + o + r] = sum8(acc[g][r]);
 }
 
-template <typename P>
-void group(int g, const float* x, const typename P::W* pair, const float* scale, float* y, int64_t I, int64_t O,
-           int64_t o, bool fetch) {
-  switch (g) {
-    case 1: pass<P, 1>(x, pair, scale, y, I, O, o, fetch); break;
-    case 2: pass<P, 2>(x, pair, scale, y, I, O, o, fetch); break;
-    case 3: pass<P, 3>(x, pair, scale, y, I, O, o, fetch); break;
-    case 4: pass<P, 4>(x, pair, scale, y, I, O, o, fetch); break;
-    case 5: pass<P, 5>(x, pair, scale, y, I, O, o, fetch); break;
-    default: pass<P, 6>(x, pair, scale, y, I, O, o, fetch); break;
-  }
+// f(std::integral_constant<int, G>) for g input rows in one pass, G = min(g, Max) (g >= 1).
+template <int Max, typename F>
+void by_group(int g, F&& f) {
+  if constexpr (Max > 1)
+    if (g < Max) return by_group<Max - 1>(g, f);
+  f(std::integral_constant<int, Max>{});
 }
 
-// x [M, I] times packed pairs of rows (w: bf16 [O/2, I/8, 2, 2, 4], or int8 [O/2, I/8, 2, 8] with `scale` [O]):
-// the threads' tasks are runs of pairs; M rows in the fewest groups of up to kGroup, of even sizes (8 rows: 4 + 4,
-// which took 0.84x the time of all 8 in one pass).
-template <typename P>
-void run(const torch::Tensor& x, const torch::Tensor& w, const float* scale, torch::Tensor& y) {
-  const int64_t M = x.size(0), I = x.size(1), pairs = w.size(0), O = pairs * kRows;
-  const int64_t groups = (M + kGroup - 1) / kGroup, size = (M + groups - 1) / groups;
+// The size of each pass over M input rows: the fewest passes of up to `most`, of even sizes (8 rows at most 6:
+// 4 + 4, which took 0.84x the time of all 8 in one pass).
+inline int64_t pass_rows(int64_t M, int64_t most) {
+  const int64_t passes = (M + most - 1) / most;
+  return (M + passes - 1) / passes;
+}
+
+// x [M, I] times bf16 pairs of rows w [O/2, I/8, 2, 2, 4]: the threads' tasks are runs of pairs.
+void run(const torch::Tensor& x, const torch::Tensor& w, torch::Tensor& y) {
+  const int64_t M = x.size(0), I = x.size(1), pairs = w.size(0), O = pairs * kRows, size = pass_rows(M, kGroup);
   const auto* xp = x.data_ptr<float>();
-  const auto* wp = reinterpret_cast<const typename P::W*>(w.data_ptr());
+  const auto* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
   auto* yp = y.data_ptr<float>();
   at::parallel_for(0, pairs, kTaskPairs, [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p)
       for (int64_t m = 0; m < M; m += size)
-        group<P>(static_cast<int>(std::min(size, M - m)), xp + m * I, wp + p * kRows * I, scale, yp + m * O, I, O,
-                 p * kRows, m == 0);
+        by_group<kGroup>(static_cast<int>(std::min(size, M - m)), [&](auto G) {
+          pass<G()>(xp + m * I, wp + p * kRows * I, yp + m * O, I, O, p * kRows, m == 0);
+        });
   });
 }
 
-// The screened lm_head of greedy steps (`gemv_screened_linear`): the argmax of x . w^T over the vocabulary, exactly,
-// reading each row of w as int8 codes first. A row v's codes q_v (w_v ~ s_v q_v, packed in pairs [O/2, I/16, 2, 16])
-// and the input row as 16-bit integers k (x ~ s_x k) give an approximate logit s_x s_v (k . q_v), an exact integer
-// sum (`_mm256_madd_epi16`: 16 products an instruction). Hoelder's inequality bounds its distance from x . w_v:
-//   |x . w_v - s_x s_v (k . q_v)| <= |x|_1 max|w_v - s_v q_v| + s_x max|x/s_x - k| s_v |q_v|_1
-//                                 <= |x|_1 slack[0][v] + s_x slack[1][v]   (+ 1e-6 of the approximation's size)
-// where slack[0] holds half a code's step and the fp32 rounding of the exact sum, and slack[1] half a step of k
-// times s_v |q_v|_1 (eagle/compiled/int8_codes.py `screen_pack`). A token whose upper end is below the largest lower
-// end of its row cannot be the argmax (nor tie it); the others, a handful, take their exact logits from the bf16
-// pair through `pass` (the same bits as the unscreened call), and the rest -inf.
-constexpr int64_t kScreenInputs = 16;  // inputs a code chunk holds per row
+// Int8 codes against integer rows: a row v of weights read as s_v q_v (int8 codes q_v, packed in pairs
+// [O/2, I/16, 2, 16]: for each 16 inputs in turn, row 2p's codes, then row 2p + 1's; eagle/compiled/int8_codes.py)
+// and an input row x as s_x k (16-bit integers k, `integer_rows`) give s_x s_v (k . q_v), whose sum is exact in
+// int32 (`_mm256_madd_epi16`: 16 products an instruction, where widening the codes to fp32 for multiply-adds takes
+// twice the instructions a weight). Two uses: the draft head's approximate linear layers (`int8_run`) and the
+// screened lm_head (`screen`).
+constexpr int64_t kCodeInputs = 16;  // inputs a code chunk holds per row
+constexpr int kIntGroup = 6;         // input rows a pass, at most: 12 accumulators
 
 inline int32_t sum8i(__m256i v) {  // exact: the caller keeps the sums below 2^31
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -331,17 +310,16 @@ inline int32_t sum8i(__m256i v) {  // exact: the caller keeps the sums below 2^3
   return _mm_cvtsi128_si32(s);
 }
 
-// Input rows k[0..G-1] (their scales sx, their |x|_1 l1) against the code pair at `pair` (outputs o, o + 1): each
-// output's upper end into y, each row's largest lower end into low.
+// Input rows k[0..G-1] against the code pair at `pair` (outputs o, o + 1): acc[g][r], 8 lanes of k_g . q_{o+r};
+// `fetch`: prefetch 2 KB ahead (first group).
 template <int G>
-void screen_pass(const int16_t* k, const int8_t* pair, const float* scale, const float* slack, const float* sx,
-                 const float* l1, float* y, float* low, int64_t I, int64_t O, int64_t o) {
-  __m256i acc[G][kRows];
+[[gnu::always_inline]] inline void integer_sums(const int16_t* k, const int8_t* pair, int64_t I, bool fetch,
+                                                __m256i (&acc)[G][kRows]) {  // inlined: acc stays in registers
   for (int g = 0; g < G; ++g)
     for (int r = 0; r < kRows; ++r) acc[g][r] = _mm256_setzero_si256();
-  for (int64_t i = 0; i < I; i += kScreenInputs) {
+  for (int64_t i = 0; i < I; i += kCodeInputs) {
     const int8_t* chunk = pair + i * kRows;  // row o's 16 codes, then row o + 1's
-    _mm_prefetch(reinterpret_cast<const char*>(chunk) + kAheadBytes, _MM_HINT_T0);
+    if (fetch) _mm_prefetch(reinterpret_cast<const char*>(chunk) + kAheadBytes, _MM_HINT_T0);
     const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(chunk));
     const __m256i w0 = _mm256_cvtepi8_epi16(_mm256_castsi256_si128(codes));
     const __m256i w1 = _mm256_cvtepi8_epi16(_mm256_extracti128_si256(codes, 1));
@@ -350,24 +328,6 @@ void screen_pass(const int16_t* k, const int8_t* pair, const float* scale, const
       acc[g][0] = _mm256_add_epi32(acc[g][0], _mm256_madd_epi16(xv, w0));
       acc[g][1] = _mm256_add_epi32(acc[g][1], _mm256_madd_epi16(xv, w1));
     }
-  }
-  for (int g = 0; g < G; ++g)
-    for (int r = 0; r < kRows; ++r) {
-      const int64_t v = o + r;
-      const float approx = sx[g] * scale[v] * static_cast<float>(sum8i(acc[g][r]));
-      const float bound = l1[g] * slack[v] + sx[g] * slack[O + v] + 1e-6f * std::abs(approx);
-      y[g * O + v] = approx + bound;
-      low[g] = std::max(low[g], approx - bound);
-    }
-}
-
-void screen_group(int g, const int16_t* k, const int8_t* pair, const float* scale, const float* slack,
-                  const float* sx, const float* l1, float* y, float* low, int64_t I, int64_t O, int64_t o) {
-  switch (g) {
-    case 1: screen_pass<1>(k, pair, scale, slack, sx, l1, y, low, I, O, o); break;
-    case 2: screen_pass<2>(k, pair, scale, slack, sx, l1, y, low, I, O, o); break;
-    case 3: screen_pass<3>(k, pair, scale, slack, sx, l1, y, low, I, O, o); break;
-    default: screen_pass<4>(k, pair, scale, slack, sx, l1, y, low, I, O, o); break;
   }
 }
 
@@ -378,8 +338,19 @@ inline bool finite(double v) {
   return (bits >> 52 & 0x7FF) != 0x7FF;
 }
 
-// The input rows x [M, I] as 16-bit integers k [M, I] with their scales sx [M] and |x|_1 (rounded up) l1 [M]:
-// |k| <= kmax, where 127 kmax I < 2^31 keeps every integer sum exact. False where a row is not finite.
+// 16 inputs x * inv rounded to the nearest integers (ties to even) in [-kmax, kmax], as int16 into k.
+inline void round16(const float* x, __m256 inv, __m256 kmax, int16_t* k) {
+  const __m256 low = _mm256_sub_ps(_mm256_setzero_ps(), kmax);
+  const __m256 a = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(x), inv), low), kmax);
+  const __m256 b = _mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(_mm256_loadu_ps(x + 8), inv), low), kmax);
+  const __m256i packed = _mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b));  // lanes: a0 b0 a1 b1
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(k), _mm256_permute4x64_epi64(packed, 0xD8));
+}
+
+// The input rows x [M, I] (I a multiple of 16) as 16-bit integers k [M, I] with their scales sx [M] (a row's
+// largest |x| / kmax) and, where l1 is given, |x|_1 (rounded up) l1 [M]: |k| <= kmax, where 127 kmax I < 2^31 keeps
+// every integer sum exact, and |x / sx - k| <= 1/2 + the rounding of x times 1 / sx. False where a row is not
+// finite.
 bool integer_rows(const float* x, int64_t M, int64_t I, int16_t* k, float* sx, float* l1) {
   const float kmax = static_cast<float>(std::min<int64_t>(16383, INT32_MAX / (127 * I)));
   for (int64_t m = 0; m < M; ++m) {
@@ -388,12 +359,69 @@ bool integer_rows(const float* x, int64_t M, int64_t I, int16_t* k, float* sx, f
     float peak = 0;
     for (int64_t i = 0; i < I; ++i) sum += std::abs(row[i]), peak = std::max(peak, std::abs(row[i]));
     if (!finite(sum)) return false;
-    l1[m] = static_cast<float>(sum * (1 + 1e-6));
+    if (l1) l1[m] = static_cast<float>(sum * (1 + 1e-6));
     sx[m] = peak > 0 ? peak / kmax : 1.0f;
-    for (int64_t i = 0; i < I; ++i)
-      k[m * I + i] = static_cast<int16_t>(std::clamp(std::nearbyint(row[i] / sx[m]), -kmax, kmax));
+    const __m256 inv = _mm256_set1_ps(1.0f / sx[m]), top = _mm256_set1_ps(kmax);
+    for (int64_t i = 0; i < I; i += kCodeInputs) round16(row + i, inv, top, k + m * I + i);
   }
   return true;
+}
+
+// Input rows k[0..G-1] (scales sx) times the code pair at `pair` (row scales `scale`): y's outputs o, o + 1.
+template <int G>
+void int8_pass(const int16_t* k, const int8_t* pair, const float* scale, const float* sx, float* y, int64_t I,
+               int64_t O, int64_t o, bool fetch) {
+  __m256i acc[G][kRows];
+  integer_sums<G>(k, pair, I, fetch, acc);
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < kRows; ++r) y[g * O + o + r] = sx[g] * scale[o + r] * static_cast<float>(sum8i(acc[g][r]));
+}
+
+// The draft head's approximate linear: x [M, I] fp32 as integer rows times codes q [O/2, I/16, 2, 16] int8 with
+// row scales [O]; y [M, O]. False (y untouched) where a row of x is not finite.
+bool int8_run(const torch::Tensor& x, const torch::Tensor& q, const float* scale, torch::Tensor& y) {
+  const int64_t M = x.size(0), I = x.size(1), pairs = q.size(0), O = pairs * kRows, size = pass_rows(M, kIntGroup);
+  std::vector<int16_t> k(M * I);
+  std::vector<float> sx(M);
+  if (!integer_rows(x.data_ptr<float>(), M, I, k.data(), sx.data(), nullptr)) return false;
+  const int8_t* qp = q.data_ptr<int8_t>();
+  float* yp = y.data_ptr<float>();
+  at::parallel_for(0, pairs, kTaskPairs, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t m = 0; m < M; m += size)
+        by_group<kIntGroup>(static_cast<int>(std::min(size, M - m)), [&](auto G) {
+          int8_pass<G()>(k.data() + m * I, qp + p * kRows * I, scale, sx.data() + m, yp + m * O, I, O, p * kRows,
+                         m == 0);
+        });
+  });
+  return true;
+}
+
+// The screened lm_head of greedy steps (`gemv_screened_linear`): the argmax of x . w^T over the vocabulary, exactly,
+// reading each row of w as int8 codes first. The approximate logit s_x s_v (k . q_v) is within
+//   |x . w_v - s_x s_v (k . q_v)| <= |x|_1 max|w_v - s_v q_v| + s_x max|x/s_x - k| s_v |q_v|_1
+//                                 <= |x|_1 slack[0][v] + s_x slack[1][v]   (+ 1e-6 of the approximation's size)
+// of the exact one (Hoelder's inequality), where slack[0] holds half a code's step and the fp32 rounding of the
+// exact sum, and slack[1] half a step of k times s_v |q_v|_1 (eagle/compiled/int8_codes.py `screen_pack`). A token
+// whose upper end is below the largest lower end of its row cannot be the argmax (nor tie it); the others, a
+// handful, take their exact logits from the bf16 pair through `pass` (the same bits as the unscreened call), and
+// the rest -inf.
+
+// Input rows k[0..G-1] (their scales sx, their |x|_1 l1) against the code pair at `pair` (outputs o, o + 1): each
+// output's upper end into y, each row's largest lower end into low.
+template <int G>
+void screen_pass(const int16_t* k, const int8_t* pair, const float* scale, const float* slack, const float* sx,
+                 const float* l1, float* y, float* low, int64_t I, int64_t O, int64_t o) {
+  __m256i acc[G][kRows];
+  integer_sums<G>(k, pair, I, true, acc);
+  for (int g = 0; g < G; ++g)
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t v = o + r;
+      const float approx = sx[g] * scale[v] * static_cast<float>(sum8i(acc[g][r]));
+      const float bound = l1[g] * slack[v] + sx[g] * slack[O + v] + 1e-6f * std::abs(approx);
+      y[g * O + v] = approx + bound;
+      low[g] = std::max(low[g], approx - bound);
+    }
 }
 
 // Each row's candidates (upper end >= the row's largest lower end, `lows` [threads, M]) scored exactly from the
@@ -409,7 +437,7 @@ void keep_candidates(const float* x, const uint16_t* w, float* y, const std::vec
       const bool keep0 = row[v] >= floor, keep1 = row[v + 1] >= floor;
       if (keep0 || keep1) {
         float exact[kRows];
-        pass<Bf16Pair, 1>(x + m * I, w + v * I, nullptr, exact, I, kRows, 0, false);
+        pass<1>(x + m * I, w + v * I, exact, I, kRows, 0, false);
         row[v] = keep0 ? exact[0] : kNone;
         row[v + 1] = keep1 ? exact[1] : kNone;
       } else {
@@ -437,8 +465,10 @@ bool screen(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor&
     std::vector<float> low(M, kNone);  // the task's, so that threads do not write one cache line at every pair
     for (int64_t p = p0; p < p1; ++p)
       for (int64_t m = 0; m < M; m += 4)
-        screen_group(static_cast<int>(std::min<int64_t>(4, M - m)), k.data() + m * I, qp + p * kRows * I, sp, slp,
-                     sx.data() + m, l1.data() + m, yp + m * O, low.data() + m, I, O, p * kRows);
+        by_group<4>(static_cast<int>(std::min<int64_t>(4, M - m)), [&](auto G) {
+          screen_pass<G()>(k.data() + m * I, qp + p * kRows * I, sp, slp, sx.data() + m, l1.data() + m, yp + m * O,
+                           low.data() + m, I, O, p * kRows);
+        });
     float* mine = lows.data() + at::get_thread_num() * M;
     for (int64_t m = 0; m < M; ++m) mine[m] = std::max(mine[m], low[m]);
   });
@@ -500,7 +530,7 @@ torch::Tensor gemv(const torch::Tensor& x, const torch::Tensor& w) {
   if (bf16) run<Bf16>(x, w, y);
   else run<F32>(x, w, y);
 #elif defined(EAGLE_GEMV_AVX2)
-  avx2_gemv::run<avx2_gemv::Bf16Pair>(x, w, nullptr, y);  // fp32 x only: available() is false without AVX512-BF16
+  avx2_gemv::run(x, w, y);  // fp32 x only: available() is false without AVX512-BF16
 #endif
   return y;
 }
@@ -526,29 +556,30 @@ at::Tensor gemv_linear(const at::Tensor& x, const at::Tensor& w, int64_t max_row
   return gemv(x.reshape({M, I}).contiguous(), w).view(shape);
 }
 
-// Whether q is int8 codes in the AVX2 form's pairs [O/2, I/8, 2, 8] and scale their rows' fp32 scales [O].
+// Whether q is int8 codes in the AVX2 form's pairs [O/2, I/16, 2, 16] and scale their rows' fp32 scales [O].
 bool int8_readable(const at::Tensor& q, const at::Tensor& scale) {
-  return packed() && q.dim() == 4 && q.size(2) == 2 && q.size(3) == 8 && q.scalar_type() == at::kChar &&
+  return packed() && q.dim() == 4 && q.size(2) == 2 && q.size(3) == 16 && q.scalar_type() == at::kChar &&
          q.is_contiguous() && scale.dim() == 1 && scale.size(0) == 2 * q.size(0) &&
          scale.scalar_type() == at::kFloat && scale.is_contiguous();
 }
 
 // The draft head's linear layers over int8 weights (eagle/compiled/gemv.py `int8_drafts`): x [..., I] fp32 times
-// w [O, I]^T, w's row o read as scale[o] * q[o] (q's codes rounded from w: an approximation, which drafting may
-// use and verifying never does). More than `max_rows` rows take `full`, the graph's own exact fp32 w^T [I, O].
+// w [O, I]^T, w's row o read as scale[o] * q[o] and x's rows as 16-bit integers times a scale a row (q's codes
+// rounded from w: an approximation, which drafting may use and verifying never does). More than `max_rows` rows,
+// or a row not finite, take `full`, the graph's own exact fp32 w^T [I, O].
 at::Tensor gemv_int8_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale, int64_t max_rows,
                             const at::Tensor& full) {
   const int64_t I = x.size(-1);
   const int64_t M = I ? x.numel() / I : 0;
-  if (x.scalar_type() != at::kFloat || M > max_rows || M == 0 || !int8_readable(q, scale) || q.size(1) * 8 != I)
+  if (x.scalar_type() != at::kFloat || M > max_rows || M == 0 || !int8_readable(q, scale) || q.size(1) * 16 != I)
     return at::matmul(x, full);
+#ifdef EAGLE_GEMV_AVX2
   auto shape = x.sizes().vec();
   shape.back() = scale.size(0);
   auto y = torch::empty({M, scale.size(0)}, x.options());
-#ifdef EAGLE_GEMV_AVX2
-  avx2_gemv::run<avx2_gemv::Int8Pair>(x.reshape({M, I}).contiguous(), q, scale.data_ptr<float>(), y);
+  if (avx2_gemv::int8_run(x.reshape({M, I}).contiguous(), q, scale.data_ptr<float>(), y)) return y.view(shape);
 #endif
-  return y.view(shape);
+  return at::matmul(x, full);
 }
 
 namespace {
