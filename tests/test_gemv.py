@@ -318,6 +318,11 @@ def test_int8_weights_multiply_as_their_codes_times_the_row_scales():
         exact = F.linear(x.double(), read)  # each input within half a step of s_x k (0.51: the division's rounding)
         bound = 0.51 * sx * F.linear(torch.ones_like(exact[:, :1]).expand(-1, inputs), read.abs()) + 1e-5 * exact.abs()
         assert y.shape == (rows, outputs) and ((y.double() - exact).abs() <= bound).all(), (rows, inputs, outputs)
+        tiny = x * 1e-36  # integer steps |x|/kmax below the smallest normal float: that float is the step
+        step = (tiny.double().abs().amax(dim=1, keepdim=True) / kmax).clamp(min=torch.finfo(torch.float32).tiny)
+        scaled = torch.ops.eagle.gemv_int8_linear(tiny, codes, scale, 16, w.t()).double() * 1e36
+        coarse = 0.51 * step * 1e36 * F.linear(torch.ones_like(exact[:, :1]).expand(-1, inputs), read.abs())
+        assert ((scaled - exact).abs() <= coarse + 1e-4 * exact.abs()).all(), (rows, inputs, outputs)
     x, w = torch.randn(2, 9, 64), torch.randn(24, 64)  # 18 rows past the limit: the exact linear
     assert torch.equal(torch.ops.eagle.gemv_int8_linear(x, *int8_codes.int8_pack(w), 16, w.t()), x @ w.t())
     x[0, 0, 3] = float("nan")
@@ -389,6 +394,10 @@ def test_the_screen_keeps_each_rows_argmax_and_its_ties_exact(monkeypatch):
         assert (kept >= (exact == best)).all()  # every tie of the largest kept
         assert torch.equal(y.argmax(1), exact.argmax(1)) and y[0].argmax() == 40 and kept[0, 901]
         assert torch.equal(_screened(x, w16, packed, full, greedy=False), exact)  # not greedy: unscreened
+    tiny = torch.randn(2, 576) * 1e-36  # integer steps |x|/kmax below the smallest normal float: kept normal
+    exact = torch.ops.eagle.gemv_linear(tiny, w16, 16, full)
+    y = _screened(tiny, w16, packed, full, greedy=True)
+    assert torch.equal(y.argmax(1), exact.argmax(1)) and torch.isfinite(y).sum(1).max() < 64
     x = torch.randn(gemv.SCREEN_ROWS + 1, 576)
     assert torch.equal(_screened(x, w16, packed, full, True), torch.ops.eagle.gemv_linear(x, w16, 16, full))
     x[0, 3] = float("nan")

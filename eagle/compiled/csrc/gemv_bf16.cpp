@@ -20,6 +20,8 @@
 
 #include <torch/extension.h>
 
+#include <cfloat>
+
 #include <ATen/Parallel.h>
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -348,7 +350,7 @@ inline void round16(const float* x, __m256 inv, __m256 kmax, int16_t* k) {
 }
 
 // The input rows x [M, I] (I a multiple of 16) as 16-bit integers k [M, I] with their scales sx [M] (a row's
-// largest |x| / kmax) and, where l1 is given, |x|_1 (rounded up) l1 [M]: |k| <= kmax, where 127 kmax I < 2^31 keeps
+// largest |x| / kmax, at least the smallest normal float) and, where l1 is given, |x|_1 (rounded up) l1 [M]: |k| <= kmax, where 127 kmax I < 2^31 keeps
 // every integer sum exact, and |x / sx - k| <= 1/2 + the rounding of x times 1 / sx. False where a row is not
 // finite.
 bool integer_rows(const float* x, int64_t M, int64_t I, int16_t* k, float* sx, float* l1) {
@@ -360,7 +362,7 @@ bool integer_rows(const float* x, int64_t M, int64_t I, int16_t* k, float* sx, f
     for (int64_t i = 0; i < I; ++i) sum += std::abs(row[i]), peak = std::max(peak, std::abs(row[i]));
     if (!finite(sum)) return false;
     if (l1) l1[m] = static_cast<float>(sum * (1 + 1e-6));
-    sx[m] = peak > 0 ? peak / kmax : 1.0f;
+    sx[m] = peak > 0 ? std::max(peak / kmax, FLT_MIN) : 1.0f;  // normal: 1 / sx stays finite
     const __m256 inv = _mm256_set1_ps(1.0f / sx[m]), top = _mm256_set1_ps(kmax);
     for (int64_t i = 0; i < I; i += kCodeInputs) round16(row + i, inv, top, k + m * I + i);
   }
