@@ -29,7 +29,8 @@ def int8_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     peak = w.abs().amax(dim=1)  # [O]
     scale = torch.where(peak > 0, peak / 127, torch.ones_like(peak))  # [O]
     codes = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)  # [O, I]
-    return codes.reshape(o // 2, 2, i // CODE_INPUTS, CODE_INPUTS).permute(0, 2, 1, 3).contiguous(), scale.float().contiguous()
+    pairs = codes.reshape(o // 2, 2, i // CODE_INPUTS, CODE_INPUTS).permute(0, 2, 1, 3)  # [O/2, I/16, 2, 16]
+    return pairs.contiguous(), scale.float().contiguous()
 
 
 def screen_pack(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
