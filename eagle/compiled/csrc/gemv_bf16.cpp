@@ -312,6 +312,9 @@ inline int32_t sum8i(__m256i v) {  // exact: the caller keeps the sums below 2^3
   return _mm_cvtsi128_si32(s);
 }
 
+// An output's value s_x s_v (k . q_v) from its 8 lanes of integer sums: the draft's output, the screen's approximation.
+inline float scaled_sum(float sx, float scale, __m256i acc) { return sx * scale * static_cast<float>(sum8i(acc)); }
+
 // Input rows k[0..G-1] against the code pair at `pair` (outputs o, o + 1): acc[g][r], 8 lanes of k_g . q_{o+r};
 // `fetch`: prefetch 2 KB ahead (first group).
 template <int G>
@@ -350,9 +353,9 @@ inline void round16(const float* x, __m256 inv, __m256 kmax, int16_t* k) {
 }
 
 // The input rows x [M, I] (I a multiple of 16) as 16-bit integers k [M, I] with their scales sx [M] (a row's
-// largest |x| / kmax, at least the smallest normal float) and, where l1 is given, |x|_1 (rounded up) l1 [M]: |k| <= kmax, where 127 kmax I < 2^31 keeps
-// every integer sum exact, and |x / sx - k| <= 1/2 + the rounding of x times 1 / sx. False where a row is not
-// finite.
+// largest |x| / kmax, at least the smallest normal float) and, where l1 is given, |x|_1 (rounded up) l1 [M]:
+// |k| <= kmax, where 127 kmax I < 2^31 keeps every integer sum exact, and |x / sx - k| <= 1/2 + the rounding of x
+// times 1 / sx. False where a row is not finite.
 bool integer_rows(const float* x, int64_t M, int64_t I, int16_t* k, float* sx, float* l1) {
   const float kmax = static_cast<float>(std::min<int64_t>(16383, INT32_MAX / (127 * I)));
   for (int64_t m = 0; m < M; ++m) {
@@ -376,7 +379,7 @@ void int8_pass(const int16_t* k, const int8_t* pair, const float* scale, const f
   __m256i acc[G][kRows];
   integer_sums<G>(k, pair, I, fetch, acc);
   for (int g = 0; g < G; ++g)
-    for (int r = 0; r < kRows; ++r) y[g * O + o + r] = sx[g] * scale[o + r] * static_cast<float>(sum8i(acc[g][r]));
+    for (int r = 0; r < kRows; ++r) y[g * O + o + r] = scaled_sum(sx[g], scale[o + r], acc[g][r]);
 }
 
 // The draft head's approximate linear: x [M, I] fp32 as integer rows times codes q [O/2, I/16, 2, 16] int8 with
@@ -419,7 +422,7 @@ void screen_pass(const int16_t* k, const int8_t* pair, const float* scale, const
   for (int g = 0; g < G; ++g)
     for (int r = 0; r < kRows; ++r) {
       const int64_t v = o + r;
-      const float approx = sx[g] * scale[v] * static_cast<float>(sum8i(acc[g][r]));
+      const float approx = scaled_sum(sx[g], scale[v], acc[g][r]);
       const float bound = l1[g] * slack[v] + sx[g] * slack[O + v] + 1e-6f * std::abs(approx);
       y[g * O + v] = approx + bound;
       low[g] = std::max(low[g], approx - bound);
