@@ -19,8 +19,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
-
 from eagle.decoding.settings import TreeSettings
 from eagle.heads.checkpoint import load_head
 from eagle.model import EaModel
@@ -86,7 +84,7 @@ def main() -> None:
     print("|---|---|---|---:|---:|---:|---:|---:|")
     for path in args.heads:
         settings = TreeSettings(total_token=60, depth=6, top_k=10, draft_vocab=args.draft_vocab, lookup=0)
-        model = EaModel(target, load_head(path, dtype=torch.bfloat16), tok, settings, compile=False)  # τ only
+        model = EaModel(target, load_head(path, dtype=target.dtype), tok, settings, compile=False)  # τ only
         ids = model.drafter.vocab.ids
         vocab = None if ids is None else set(ids.tolist())
         for name, questions in sets.items():

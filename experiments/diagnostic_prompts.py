@@ -10,6 +10,7 @@ import argparse
 import torch
 
 from data_prep.prompt_sets import Question, first_per_category, load_questions, sharegpt_heldout
+from eagle.common.precision import fast_dtype
 from eagle.targets.resolve import load_target, resolve_target
 from eagle.targets.tokenizer import chat_prompt, load_tokenizer
 
@@ -22,18 +23,20 @@ def parser(doc: str, prog: str) -> argparse.ArgumentParser:
     ap.add_argument("--sharegpt", type=int, default=16, help="held-out ShareGPT conversations")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--dtype", default="auto", help="the target's: auto = bf16 where the CPU computes in it, else fp32")
     return ap
 
 
 def setup(args: argparse.Namespace):
-    """(tokenizer, bf16 target, {set name: questions}) for parsed options."""
+    """(tokenizer, target, {set name: questions}) for parsed options; the target in `--dtype`, as decoding runs it
+    (`fast_dtype`: bf16 only where the CPU has bf16 arithmetic, which an emulated bf16 would slow several-fold)."""
     torch.set_num_threads(args.threads)
     target_dir = resolve_target(args.base)
     sets: dict[str, list[Question]] = {
         "mtbench": first_per_category(load_questions("mtbench"), args.per_category),
         "sharegpt-heldout": sharegpt_heldout(args.sharegpt)}
     sets = {name: questions for name, questions in sets.items() if questions}  # 0 of a set: leave it out
-    return load_tokenizer(target_dir), load_target(target_dir, "bfloat16"), sets
+    return load_tokenizer(target_dir), load_target(target_dir, fast_dtype(args.dtype)), sets
 
 
 def first_turn_ids(tok, question: Question) -> torch.Tensor:
