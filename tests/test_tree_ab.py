@@ -2,7 +2,9 @@
 
 import torch
 
+from eagle.common.precision import fast_dtype
 from eagle.decoding.settings import TreeSettings
+from experiments import diagnostic_prompts
 from experiments.tree_ab import PLAIN, report, settings_of
 
 
@@ -28,9 +30,6 @@ def test_the_report_compares_each_prompt_with_its_own_plain_decoding(capsys):
 
 def test_the_target_computes_in_the_dtype_decoding_uses(monkeypatch):
     """bf16 only where the CPU has bf16 arithmetic: emulated bf16 made an AVX2 CPU's plain steps 1.6x slower."""
-    from eagle.common.precision import fast_dtype
-    from experiments import diagnostic_prompts
-
     loaded = []
     monkeypatch.setattr(diagnostic_prompts, "resolve_target", lambda base: base)
     monkeypatch.setattr(diagnostic_prompts, "load_tokenizer", lambda path: None)
