@@ -23,7 +23,7 @@ def parser(doc: str, prog: str) -> argparse.ArgumentParser:
     ap.add_argument("--sharegpt", type=int, default=16, help="held-out ShareGPT conversations")
     ap.add_argument("--max-new-tokens", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--dtype", default="auto", help="the target's: auto = bf16 where the CPU computes in it, else fp32")
+    ap.add_argument("--dtype", default="auto", help="auto: bf16 where the CPU has bf16 arithmetic, else fp32")
     return ap
 
 
