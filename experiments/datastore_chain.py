@@ -13,7 +13,8 @@ what such a chain would add to our decoder without building it:
 2. **The stores.** `text:SOURCE:N`: the assistant turns of the first N conversations of SOURCE as written;
    `target:SOURCE:N`: the target's greedy replies (256 tokens at most) to their first user turns, written here by
    data_prep's batched engine. A store's chain at a position: the longest of the context's last 4..2 tokens found in
-   it, then token by token the continuation most of its occurrences share (`Store.chain`).
+   it, then token by token the continuation most of its occurrences share (`Store.chain`). The index is Python
+   dicts: the process held 5.6 GB with 3.2M tokens of stores.
 3. **The walk** (tuner.py `walk_tau`): from a position, a step accepts the longer of the tree's path and the root
    plus the chain's matching prefix, and moves past them. Prints, per tree and chain length L, τ with prompt lookup
    alone and with the store's chain wherever prompt lookup finds none, and the chain rows a step verifies on
