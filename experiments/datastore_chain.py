@@ -35,15 +35,17 @@ from data_prep.conversations import read_conversations
 from data_prep.data_config import RegenConfig
 from data_prep.prompt_sets import first_per_category, load_questions
 from data_prep.reply_requests import generate
-from eagle.decoding.prompt_lookup import lookup_chain
+from eagle.decoding.prompt_lookup import lookup_chain, matched_length
 from eagle.model import EaModel
 from eagle.targets.tokenizer import chat_prompt
-from eagle.tuning.tuner import Calibration
+from eagle.tuning.tuner import Calibration, walk_steps
+from experiments.diagnostic_prompts import first_turn_ids
 
 TREES = ((2, 1), (4, 2), (4, 3), (8, 3))  # (nodes, depth) compared
 CHAINS = (2, 4, 8)  # chain lengths compared
 NGRAMS = (4, 3, 2)  # context suffixes a store looks up, longest first
 REPLY_TOKENS = 256  # the target's replies in a `target:` store
+PROMPT_TOKENS = 768  # the last tokens of a `target:` store's prompts its engine reads
 
 
 class Store:
@@ -82,14 +84,6 @@ class Store:
         return out
 
 
-def matched(chain: list[int], truth: list[int]) -> int:
-    """Leading tokens of chain equal to truth's."""
-    k = 0
-    while k < min(len(chain), len(truth)) and chain[k] == truth[k]:
-        k += 1
-    return k
-
-
 def build_store(spec: str, model: EaModel) -> Store:
     """`text:SOURCE:N` or `target:SOURCE:N` (the module's docstring) as a Store."""
     kind, _, rest = spec.partition(":")
@@ -99,7 +93,7 @@ def build_store(spec: str, model: EaModel) -> Store:
     if kind == "text":
         texts = [m["content"] for c in conversations for m in c.messages if m["role"] == "assistant"]
     elif kind == "target":
-        prompts = [chat_prompt(tok, [c.messages[0]])[0, -768:].tolist() for c in conversations
+        prompts = [chat_prompt(tok, [c.messages[0]])[0, -PROMPT_TOKENS:].tolist() for c in conversations
                    if c.messages[0]["role"] == "user"]
         texts = _target_replies(model, prompts)
     else:
@@ -111,7 +105,7 @@ def _target_replies(model: EaModel, prompts: list[list[int]]) -> list[str]:
     """The target's greedy replies, through data_prep's batched engine."""
     settings = RegenConfig(max_new_tokens=REPLY_TOKENS, batch_size=64)
     print(f"writing the target's replies to {len(prompts)} prompts (~180 reply tokens/s on 2 cores of a Zen 3)", flush=True)
-    engine = BatchedDecoding(model.target, model.tokenizer, settings, max_len=768 + REPLY_TOKENS)
+    engine = BatchedDecoding(model.target, model.tokenizer, settings, max_len=PROMPT_TOKENS + REPLY_TOKENS)
     try:
         return generate(engine, prompts, 0, settings)
     finally:
@@ -119,30 +113,26 @@ def _target_replies(model: EaModel, prompts: list[list[int]]) -> list[str]:
 
 
 def positions(cal: Calibration, prompt_lengths: list[int], stores: dict[str, Store]) -> list[dict]:
-    """Per calibration position: the prompt-lookup chain and each store's (longest CHAINS), and the text after."""
+    """Per calibration position: (length, leading tokens that match the text after) of the prompt-lookup chain and
+    of each store's (at most max(CHAINS) tokens)."""
     out, start, longest = [], 0, max(CHAINS)
     for text, p, end in zip(cal.texts, prompt_lengths, cal.ends, strict=True):
-        ids = text[0].tolist()
+        ids = text[0].cpu()  # [P + T]
         for j in range(end - start):
-            context, truth = ids[:p + j], ids[p + j:p + j + longest]
-            chains = {"lookup": lookup_chain(torch.tensor(context), longest).tolist()}
-            chains |= {name: store.chain(context, longest) for name, store in stores.items()}
-            out.append({name: (len(c), matched(c, truth)) for name, c in chains.items()})
+            context = ids[:p + j]
+            chains = {"lookup": lookup_chain(context, longest)}
+            chains |= {name: torch.tensor(store.chain(context.tolist(), longest), dtype=torch.long)
+                       for name, store in stores.items()}
+            out.append({name: (c.numel(), matched_length(c, ids[p + j:p + j + c.numel()])) for name, c in chains.items()})
         start = end
     return out
 
 
-def walk(accepted: list[int], chain: list[tuple[int, int]], ends: list[int]) -> tuple[float, float]:
-    """τ and mean chain rows a step, walking the texts: chain[p] = (rows verified, tokens matched) at p."""
-    steps, rows, start = 0, 0, 0
-    for end in ends:
-        p = start
-        while p < end:
-            rows += chain[p][0]
-            p += max(accepted[p], 1 + chain[p][1])
-            steps += 1
-        start = end
-    return ends[-1] / steps, rows / steps
+def walk(accepted: list[int], chain: list[tuple[int, int]], ends: list[int], length: int) -> tuple[float, float]:
+    """τ and mean chain rows a step of a tree with chains cut to `length` tokens, walking the texts as the tuner
+    does (`walk_steps`): chain[p] = (tokens found, tokens matched) at p."""
+    steps = walk_steps(accepted, [m for _, m in chain], ends, length)
+    return ends[-1] / len(steps), sum(min(chain[p][0], length) for p in steps) / len(steps)
 
 
 def report(cal: Calibration, found: list[dict], stores: list[str]) -> None:
@@ -150,14 +140,11 @@ def report(cal: Calibration, found: list[dict], stores: list[str]) -> None:
           + " |\n|---|---|---|---|" + "---|---|" * len(stores))
     for n, d in ((1, 0),) + TREES:
         accepted = cal.accepted[(n, d)] if n > 1 else [1] * len(found)  # 1/0: the chain alone, no head
-        alone = walk(accepted, [(0, 0)] * len(found), cal.ends)[0]
+        alone = walk(accepted, [f["lookup"] for f in found], cal.ends, 0)[0]
         print(f"| {n}/{d} | 0 | {alone:.3f} | 0 |" + " |" * (2 * len(stores)))
         for length in CHAINS:
-            def cut(pair):
-                return min(pair[0], length), min(pair[1], length)
-
-            cells = [walk(accepted, [cut(f["lookup"]) for f in found], cal.ends)]
-            cells += [walk(accepted, [cut(f["lookup"] if f["lookup"][0] else f[s]) for f in found], cal.ends)
+            cells = [walk(accepted, [f["lookup"] for f in found], cal.ends, length)]
+            cells += [walk(accepted, [f["lookup"] if f["lookup"][0] else f[s] for f in found], cal.ends, length)
                       for s in stores]
             print(f"| {n}/{d} | {length} | " + " | ".join(f"{t:.3f} | {r:.2f}" for t, r in cells) + " |", flush=True)
 
@@ -181,7 +168,7 @@ def main(argv: list[str] | None = None) -> None:
             print(f"store {name}: {len(store.seqs)} texts, {store.tokens} tokens", flush=True)
         cal = Calibration.over(sorted({n for n, _ in TREES}), sorted({d for _, d in TREES}))
         questions = first_per_category(load_questions("mtbench"), args.per_category)
-        prompts = [chat_prompt(model.tokenizer, [{"role": "user", "content": q.turns[0]}]) for q in questions]
+        prompts = [first_turn_ids(model.tokenizer, q) for q in questions]
         for ids in prompts:
             cal.decode(model, ids, args.positions)
         found = positions(cal, [p.shape[1] for p in prompts], stores)

@@ -1,6 +1,6 @@
 """experiments.datastore_chain: a store's chain, and the walk that scores it beside the head's tree."""
 
-from experiments.datastore_chain import Store, matched, walk
+from experiments.datastore_chain import Store, walk
 
 
 def test_a_store_follows_the_longest_suffix_it_holds_then_the_majority_continuation():
@@ -13,16 +13,10 @@ def test_a_store_follows_the_longest_suffix_it_holds_then_the_majority_continuat
     assert store.tokens == 25
 
 
-def test_matched_counts_the_leading_tokens_a_chain_gets_right():
-    assert matched([4, 5, 6], [4, 5, 7, 8]) == 2
-    assert matched([], [1]) == 0
-    assert matched([1, 2], [1]) == 1
-
-
 def test_the_walk_starts_a_step_past_what_the_last_one_accepted():
     # positions 0..5 of one text; the tree accepts 1 or 2, a chain of 2 rows matches 3 tokens at position 1
     accepted = [1, 2, 1, 1, 2, 1]
     chain = [(0, 0), (2, 3), (0, 0), (0, 0), (0, 0), (0, 0)]
-    tau, rows = walk(accepted, chain, [6])
+    tau, rows = walk(accepted, chain, [6], 4)
     # steps start at 0 (1 token), 1 (chain: 4 tokens), 5 (1 token)
     assert (tau, rows) == (2.0, 2 / 3)

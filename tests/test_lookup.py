@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from eagle.decoding.prompt_lookup import lookup_chain, merge_chain
+from eagle.decoding.prompt_lookup import lookup_chain, matched_length, merge_chain
 from eagle.model import EaModel
 from eagle.decoding.settings import TreeSettings
 from eagle.decoding.tree import build_tree
@@ -20,6 +20,15 @@ def test_lookup_chain_prefers_longer_and_more_recent_matches():
     assert lookup_chain(ids, 2, max_ngram=3).tolist() == [3, 4]
     assert lookup_chain(torch.tensor([1, 2, 3]), 4).tolist() == []  # no earlier occurrence of anything
     assert lookup_chain(torch.tensor([4, 1, 2, 4]), 5, max_ngram=1).tolist() == [1, 2, 4]  # runs into the tail
+
+
+def test_matched_length_counts_the_leading_tokens_a_chain_gets_right():
+    def matched(chain, truth):  # the text after the context, cut to the chain as the callers cut it
+        return matched_length(torch.tensor(chain, dtype=torch.long), torch.tensor(truth[:len(chain)], dtype=torch.long))
+
+    assert matched([4, 5, 6], [4, 5, 7, 8]) == 2
+    assert matched([], [1]) == 0
+    assert matched([1, 2], [1]) == 1
 
 
 def test_merge_chain_follows_existing_nodes_then_branches():

@@ -239,18 +239,24 @@ def _grid(b: TreeBudget, draft: dict[tuple[int, int], float], first_depth: int) 
 
 def walk_tau(accepted: list[int], copied: list[int], ends: list[int], lookup: int) -> float:
     """Mean tokens a step of a tree with a `lookup`-token chain accepts, walking each calibration text as the
-    decoder would: from a position, the longer of the tree's own path (accepted[p], root and bonus included)
-    and the root plus the chain's matching prefix (1 + min(copied[p], lookup)), then past them.
-    ends: where each text's positions end. A chain carries a step through a copied stretch at once, so the
-    positions inside it are never a step's start: a mean over every position would count them."""
-    steps = start = 0
+    decoder would (`walk_steps`). A chain carries a step through a copied stretch at once, so the positions
+    inside it are never a step's start: a mean over every position would count them."""
+    steps = walk_steps(accepted, copied, ends, lookup)
+    return ends[-1] / len(steps) if steps else 1.0
+
+
+def walk_steps(accepted: list[int], copied: list[int], ends: list[int], lookup: int) -> list[int]:
+    """The positions where the decoder's steps start: from a position, the longer of the tree's own path
+    (accepted[p], root and bonus included) and the root plus the chain's matching prefix
+    (1 + min(copied[p], lookup)), then past them. ends: where each text's positions end."""
+    steps, start = [], 0
     for end in ends:
         position = start
         while position < end:
+            steps.append(position)
             position += max(accepted[position], 1 + min(copied[position], lookup))
-            steps += 1
         start = end
-    return ends[-1] / steps if steps else 1.0
+    return steps
 
 
 def chain_lengths(n: int, widths) -> list[int]:
