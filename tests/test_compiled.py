@@ -201,3 +201,11 @@ def test_padded_mask_opens_the_allowed_pattern_and_each_padded_rows_own_row(dtyp
         expected = torch.full((8,), torch.finfo(dtype).min, dtype=dtype)
         expected[columns] = 0
         assert torch.equal(mask[0, 0, row], expected), row
+
+
+def test_padded_mask_of_a_pattern_after_open_rows_equals_the_whole_pattern():
+    """A step's rows see every committed row: `past` open columns, then the new rows' own pattern."""
+    visible = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)  # [m=3, v=3]
+    whole = torch.cat([torch.ones(3, 5, dtype=torch.bool), visible], dim=1)  # [m, p+m]: 5 committed rows
+    for rows in (3, 4, 8):
+        assert torch.equal(padded_mask(visible, rows, 16, torch.float32, past=5), padded_mask(whole, rows, 16, torch.float32))

@@ -22,6 +22,26 @@ def test_lookup_chain_prefers_longer_and_more_recent_matches():
     assert lookup_chain(torch.tensor([4, 1, 2, 4]), 5, max_ngram=1).tolist() == [1, 2, 4]  # runs into the tail
 
 
+def _brute_force_chain(ids: list[int], length: int, max_ngram: int) -> list[int]:
+    """lookup_chain's contract, spelled out: the longest n <= max_ngram whose last n tokens occur earlier, at their
+    latest earlier start, and the tokens after that occurrence."""
+    total = len(ids)
+    for n in range(min(max_ngram, total - 1), 0, -1):
+        starts = [i for i in range(total - n) if ids[i:i + n] == ids[total - n:]]
+        if starts:
+            return ids[starts[-1] + n: starts[-1] + n + length]
+    return []
+
+
+@pytest.mark.parametrize("vocab", [2, 3, 7])
+def test_lookup_chain_matches_its_contract_on_random_contexts(vocab):
+    g = torch.Generator().manual_seed(vocab)
+    for size in range(1, 40):
+        ids = torch.randint(0, vocab, (size,), generator=g)
+        for length, max_ngram in ((1, 3), (4, 3), (3, 1), (2, 5)):
+            assert lookup_chain(ids, length, max_ngram).tolist() == _brute_force_chain(ids.tolist(), length, max_ngram)
+
+
 def test_matched_length_counts_the_leading_tokens_a_chain_gets_right():
     def matched(chain, truth):  # the text after the context, cut to the chain as the callers cut it
         return matched_length(torch.tensor(chain, dtype=torch.long), torch.tensor(truth[:len(chain)], dtype=torch.long))

@@ -376,7 +376,11 @@ def test_a_pool_of_total_token_minus_one_children_drafts_the_same_tree(seed):
             tokens, scores, parents = model.draft_candidates(state, d)  # the full pool, 8 children a node
             kept = select_nodes(scores, parents, n - 1)
             wide = _paths(torch.cat([state.root, tokens[kept]]), reindex_parents(kept, parents))
-            assert _paths(*model.drafter.dynamic(state, n, d, 8)) == wide, (n, d)
+            drafted = model.drafter.dynamic(state, n, d, 8)
+            assert _paths(*drafted) == wide, (n, d)
+            if d == 1:  # the root's children, in rank order: the pool's order
+                assert drafted[0].tolist() == torch.cat([state.root, tokens[kept]]).tolist()
+                assert drafted[1].tolist() == reindex_parents(kept, parents).tolist()
             assert draft_width(n, 8) == min(8, n - 1)
 
 

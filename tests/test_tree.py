@@ -78,6 +78,15 @@ def test_build_tree_buffers_by_hand():
     assert mask[0, 0, 6, 3:].tolist() == [0, 0, blocked, 0, blocked, blocked, 0]
 
 
+def test_trees_of_one_shape_share_its_buffers_and_keep_their_tokens():
+    parents = [-1, 0, 0, 1]
+    a = build_tree(torch.tensor([5, 6, 7, 8]), torch.tensor(parents))
+    b = build_tree(torch.tensor([9, 1, 2, 3]), torch.tensor(parents))
+    assert a.tokens.tolist() == [5, 6, 7, 8] and b.tokens.tolist() == [9, 1, 2, 3]
+    assert a.ancestors is b.ancestors and a.retrieve is b.retrieve and a.depths is b.depths
+    assert a.parents.tolist() == parents and a.depths.tolist() == [0, 1, 1, 2]
+
+
 def test_build_tree_rejects_child_before_parent():
     with pytest.raises(ValueError):
         build_tree(torch.arange(3), torch.tensor([-1, 2, 0]))

@@ -199,9 +199,8 @@ class CompiledHead:
 
     def _mask(self, allowed: torch.Tensor | None, p: int, m: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
         """[1, 1, rows, L] additive: `allowed` [m, p+m] (None: causal) over the first p+m rows (padded_mask)."""
-        if allowed is None:
-            allowed = np.ones((m, p + m), dtype=bool)
-            allowed[:, p:] = np.tri(m, dtype=bool)
+        if allowed is None:  # the p rows before and the m new ones causally
+            return padded_mask(np.tri(m, dtype=bool), rows, self.size, dtype, past=p)
         return padded_mask(allowed, rows, self.size, dtype)
 
 

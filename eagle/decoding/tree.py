@@ -19,6 +19,7 @@ Two ways to grow a tree (the drafting loop in `eagle.model` calls the head):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 
@@ -37,7 +38,8 @@ DEFAULT_CHOICES: Choices = [
 
 @dataclass
 class Tree:
-    """A draft tree ready for verification (see module docstring for the buffers)."""
+    """A draft tree ready for verification (see module docstring for the buffers). Trees of one shape share
+    their parents, depths, ancestors and retrieve tensors (`tree_shape`): read them, never write them."""
 
     tokens: torch.Tensor  # [N] long
     parents: torch.Tensor  # [N] long, -1 for the root
@@ -66,10 +68,19 @@ def chain_choices(k: int) -> Choices:
 def build_tree(tokens: torch.Tensor, parents: torch.Tensor) -> Tree:
     """Derive depths, ancestor mask and retrieve indices from tokens [N] and parents [N].
 
-    The walk runs over Python lists: a decode step builds a tree of a few to a few dozen nodes, where a
-    tensor op per node (~5-15 µs each on a CPU) cost more than the lists and four tensors made at the end."""
-    parents = parents.to(torch.long).cpu()
-    up = parents.tolist()
+    The buffers depend on the parents alone, and a decoder's trees take few shapes (its tree with a lookup chain
+    of 0..k tokens merged in), so they are made once per shape (`tree_shape`) and shared, read-only, by every tree
+    of that shape."""
+    shape = tree_shape(tuple(parents.tolist()))
+    return Tree(tokens.to(torch.long), *shape)
+
+
+@lru_cache(maxsize=1024)
+def tree_shape(up: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(parents [N], depths [N], ancestors [N, N], retrieve [L, D+1]) of the tree whose node i has parent up[i].
+
+    The walk runs over Python lists: a tree of a few to a few dozen nodes, where a tensor op per node (~5-15 µs
+    each on a CPU) costs more than the lists and four tensors made at the end."""
     n = len(up)
     if n == 0 or up[0] != -1:
         raise ValueError("node 0 must be the root (parent -1)")
@@ -81,7 +92,7 @@ def build_tree(tokens: torch.Tensor, parents: torch.Tensor) -> Tree:
     ancestors = torch.zeros(n, n, dtype=torch.bool)
     ancestors[[i for i, path in enumerate(paths) for _ in path], [j for path in paths for j in path]] = True
     depths = torch.tensor([len(path) - 1 for path in paths])
-    return Tree(tokens.to(torch.long), parents, depths, ancestors, retrieve_indices(paths, set(up)))
+    return torch.tensor(up, dtype=torch.long), depths, ancestors, retrieve_indices(paths, set(up))
 
 
 def retrieve_indices(paths: list[list[int]], inner: set[int]) -> torch.Tensor:

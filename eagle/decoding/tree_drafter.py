@@ -87,10 +87,20 @@ class Drafter:
         tree, which prompt lookup alone extends, drafts nothing)."""
         if total_token == 1:
             return state.root.reshape(1), torch.tensor([-1])
+        if depth == 1:  # the root's children alone: its best draft tokens, in rank order
+            return self.root_children(state, draft_width(total_token, top_k))
         tokens, scores, parents = self.pool(state, depth, draft_width(total_token, top_k))
         with profiled("eagle.draft.tree"):
             kept = select_nodes(scores, parents, total_token - 1)
             return torch.tensor(state.root.tolist() + [tokens[i] for i in kept]), reindex_parents(kept, parents)
+
+    def root_children(self, state: DecodeState, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The depth-1 tree: the root and its k best draft tokens (tokens [k+1], parents [k+1]), the tree that `pool`
+        and `select_nodes` keep at depth 1, without their bookkeeping (the defaults' trees have depth 1)."""
+        k = min(k, self.vocab.size)
+        best = state.draft_logp[0].topk(k).indices  # [k] draft indices, best first
+        tokens = torch.cat([state.root, self.vocab.to_target(best)])  # [k+1]
+        return tokens, torch.tensor([-1] + [0] * k)
 
     def candidates(self, state: DecodeState, depth: int, top_k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The EAGLE-2 candidate pool (`pool`) as tensors: target token ids [M], cumulative draft log-probs [M]
