@@ -1,7 +1,7 @@
 """`python -m experiments.forward_ab`: a compiled target's forwards with one of our changes and without it, in one
 process.
 
-    python -m experiments.forward_ab {joined,direct,epilogue,gemv,length,symbols} [--base smollm2-135m-instruct]
+    python -m experiments.forward_ab {joined,direct,epilogue,gemv,length,symbols,serial} [--base smollm2-135m-instruct]
                                      [--dtype auto] [--threads 2] [--rows 1,4,8] [--rounds 20]
 
 - `joined`: each layer's sibling weights joined (q/k/v, gate/up read by one GEMV call each:
@@ -18,6 +18,9 @@ process.
 - `length`: graphs whose cache length is dynamic (every bucket runs them: eagle/compiled/target_graphs.py
   `_mark_dynamic`) against graphs compiled for the 256-row bucket alone (only a verify's rows marked dynamic, HF's
   static-address marks kept): two copies of the target. The outputs agree to rounding.
+- `serial`: graphs whose pointwise loops run on one thread (inductor's `cpp.min_chunk_size` raised past any loop
+  of a decode step; a plain step's one-row loops are serial already) against ours, which fork the OpenMP team for
+  loops of 2 rows and more: two copies of the target, the first compiled with the raised chunk.
 - `symbols`: graphs traced knowing that every layer's keys and values span the mask's columns (one symbol for the
   cache length, eagle/compiled/grouped_attention.py `same_length`) against graphs traced without (a symbol for
   each of the 2 × layers cache tensors, each passed into the graph as an int at every call): two copies of the
@@ -50,6 +53,7 @@ PROMPT = 120  # rows the cache holds before the timed forwards
 OURS = graph_cache.compile_options  # the options our graphs compile with
 DYNAMIC_LENGTH = target_graphs._mark_dynamic  # what our graphs mark dynamic before they compile
 SAME_LENGTH = grouped_attention.same_length  # what our graphs' tracing learns of the cache lengths
+SERIAL_CHUNK = 1 << 30  # `serial`: elements each thread must get before inductor runs a loop in parallel
 
 
 def _rows_only(kwargs: dict, cache, hidden: bool) -> None:
@@ -62,7 +66,7 @@ def sides(change: str, base: str, dtype: str | torch.dtype = "bfloat16"
           ) -> dict[str, tuple[CompiledTarget, Callable[[], None]]]:
     """{"with": (runner, setup), "without": ...}: the runner each side calls, its cache holding the same prompt,
     and what to do before a side's calls (`direct`: give the runner its direct calls, or take them away;
-    `epilogue`: the compile options its graphs compile with, at their first calls; `gemv`: the EAGLE_GEMV policy
+    `epilogue`, `serial`: the compile options its graphs compile with, at their first calls; `gemv`: the EAGLE_GEMV policy
     they compile under; `length`: which dimensions its graphs mark dynamic)."""
     def runner(join: bool) -> CompiledTarget:
         out = CompiledTarget(load_target(resolve_target(base), dtype), join_siblings=join)
@@ -82,6 +86,12 @@ def sides(change: str, base: str, dtype: str | torch.dtype = "bfloat16"
 
         return {"with": (runner(True), lambda: setattr(graph_cache, "compile_options", OURS)),
                 "without": (runner(True), lambda: setattr(graph_cache, "compile_options", fused))}
+    if change == "serial":
+        def serial(*modules, draft: bool = False) -> dict:
+            return {**OURS(*modules, draft=draft), "cpp.min_chunk_size": SERIAL_CHUNK}
+
+        return {"with": (runner(True), lambda: setattr(graph_cache, "compile_options", serial)),
+                "without": (runner(True), lambda: setattr(graph_cache, "compile_options", OURS))}
     if change == "symbols":
         return {"with": (runner(True), lambda: setattr(grouped_attention, "same_length", SAME_LENGTH)),
                 "without": (runner(True), lambda: setattr(grouped_attention, "same_length", lambda *_: None))}
@@ -134,7 +144,7 @@ def timed(calls: dict[tuple[str, str], Callable], setups: dict[str, Callable], r
 
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(prog="python -m experiments.forward_ab", description=__doc__.splitlines()[0])
-    ap.add_argument("change", choices=("joined", "direct", "epilogue", "gemv", "length", "symbols"))
+    ap.add_argument("change", choices=("joined", "direct", "epilogue", "gemv", "length", "symbols", "serial"))
     ap.add_argument("--base", default="smollm2-135m-instruct")
     ap.add_argument("--dtype", default="auto", help="auto: bf16 where the CPU has bf16 arithmetic, else fp32")
     ap.add_argument("--threads", type=int, default=2)
@@ -149,7 +159,7 @@ def main(argv: list[str] | None = None) -> dict:
         try:
             spent, names, agree = _measured(args)
         finally:
-            graph_cache.compile_options = OURS  # `epilogue` swaps it while a side compiles
+            graph_cache.compile_options = OURS  # `epilogue` and `serial` swap it while a side compiles
             target_graphs._mark_dynamic = DYNAMIC_LENGTH  # and `length` this
             grouped_attention.same_length = SAME_LENGTH  # and `symbols` this
     print(f"{args.change}: {args.threads} threads, {args.rounds} rounds; {agree}\n"

@@ -1,6 +1,6 @@
 """experiments/forward_ab.py: a compiled target's forwards with one of our changes and without it (sibling weights
 joined; graphs called directly; the GEMM template's epilogue fusion off; our GEMV; a dynamic cache length; one
-length symbol), timed in one process, on a tiny model."""
+length symbol; pointwise loops on one thread), timed in one process, on a tiny model."""
 
 from __future__ import annotations
 
@@ -28,11 +28,12 @@ def test_forwards_with_and_without_a_change_are_timed_side_by_side(monkeypatch, 
     assert "outputs equal bit for bit" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("change", ["epilogue", "length", "symbols"])
+@pytest.mark.parametrize("change", ["epilogue", "length", "symbols", "serial"])
 def test_fp32_graphs_with_and_without_a_compile_time_change_are_timed_side_by_side(monkeypatch, capsys, change):
     """`epilogue`: fp32 graphs whose matmuls take the GEMM template, compiled with our options and with the
     template's epilogue fusion on. `length`: our graphs (the cache length dynamic) against graphs of the 256-row
-    bucket alone. `symbols`: our graphs against graphs traced with a length symbol per cache tensor. Same bits,
+    bucket alone. `symbols`: our graphs against graphs traced with a length symbol per cache tensor. `serial`: graphs
+    whose pointwise loops never fork the OpenMP team against ours. Same bits,
     and what our graphs compile with is ours again after."""
     monkeypatch.setenv("EAGLE_MATMULS", "template")
     monkeypatch.setattr(forward_ab, "resolve_target", lambda base: base)
